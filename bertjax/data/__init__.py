@@ -1,0 +1,1 @@
+"""Host-side data: corpora, tokenizers, prepared shards and the input pipeline."""

@@ -1,0 +1,37 @@
+"""The one table of encoder sizes, shared by every variant.
+
+tiny..medium follow the BERT miniatures (Turc et al., 2019); base and large are
+the sizes of the BERT paper. A variant picks a row with ``config.model_size``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Size:
+  num_layers: int
+  hidden_size: int
+  num_heads: int
+  mlp_dim: int
+
+
+SIZES: dict[str, Size] = {
+    "tiny": Size(num_layers=2, hidden_size=128, num_heads=2, mlp_dim=512),
+    "mini": Size(num_layers=4, hidden_size=256, num_heads=4, mlp_dim=1024),
+    "small": Size(num_layers=4, hidden_size=512, num_heads=8, mlp_dim=2048),
+    "medium": Size(num_layers=8, hidden_size=512, num_heads=8, mlp_dim=2048),
+    "base": Size(num_layers=12, hidden_size=768, num_heads=12, mlp_dim=3072),
+    "large": Size(num_layers=24, hidden_size=1024, num_heads=16, mlp_dim=4096),
+}
+
+
+def get_size(name: str) -> Size:
+  """Returns the row of SIZES named ``name``, or raises a ValueError listing them."""
+  try:
+    return SIZES[name]
+  except KeyError:
+    raise ValueError(
+        f"Unknown model_size {name!r}; set --config.model_size to one of "
+        f"{', '.join(SIZES)}.") from None

@@ -1,0 +1,83 @@
+r"""BERT pretraining: masked LM (80/10/10) + next-sentence prediction.
+
+The quick local run on the embedded demo corpus (Python's own documentation):
+
+  python -m bertjax.main --config=configs/bert.py:tiny --workdir=/tmp/bertjax-demo
+
+``get_config(arg)`` takes a model size (tiny, mini, small, medium, base, large).
+``tiny`` is also the demo run: a short schedule that finishes in minutes on a
+laptop CPU. The other sizes get BERT's paper schedule (1M steps, batch 256,
+seq 512, lr 1e-4). Any field can be overridden: ``--config.batch_size=64``.
+"""
+
+import ml_collections
+
+from bertjax.models import sizes
+
+
+def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
+  size = arg or "tiny"
+  sizes.get_size(size)  # fails early with the list of sizes
+  c = ml_collections.ConfigDict()
+
+  # --- variant -------------------------------------------------------------
+  c.objective = "bert"  # objective registered in bertjax.objectives
+  c.model = "bert"  # architecture registered in bertjax.models
+  c.model_size = size  # row of bertjax/models/sizes.py
+
+  # --- data ----------------------------------------------------------------
+  # TFDS name of the text source: 'bertjax_python_docs' (embedded demo),
+  # 'bertjax_local_text' (config.text_files), or any TFDS text dataset such as
+  # 'wikipedia/20230601.en' (needs it prepared, maybe the tf extra).
+  c.dataset = "bertjax_python_docs"
+  c.text_files = ""  # comma-separated paths or globs, for bertjax_local_text
+  c.text_feature = "text"  # feature holding the text, for public TFDS datasets
+  c.data_dir = ""  # prepared corpus, tokenizer and shards; '' = <workdir>/data
+  c.train_split = "train"
+  c.eval_split = "validation"
+  c.tokenizer = "unigram"  # sentencepiece model type: 'unigram' | 'bpe'
+  c.vocab_size = 8000 if size == "tiny" else 30522
+  c.layout = "sentence_pairs"  # packing layout of bertjax.data.pipeline
+  c.short_seq_prob = 0.1  # BERT: 10% of pairs get a shorter random target length
+  c.shuffle_window = 1024  # window of the host shuffle of packed examples
+
+  # --- sequence and masking ------------------------------------------------
+  c.seq_len = 128 if size == "tiny" else 512
+  c.mask_rate = 0.15  # fraction of non-special tokens chosen for prediction
+  c.max_predictions_per_seq = 20 if size == "tiny" else 76  # static MLM slots
+  c.mask_token_rate = 0.8  # of the chosen: replaced by [MASK]
+  c.random_token_rate = 0.1  # of the chosen: replaced by a random token
+  # (the remaining 10% keep their token)
+  c.masking = "static"  # 'static': fixed per example | 'dynamic': new each step
+  c.dupe_factor = 10  # static masking: distinct masks cycled over epochs
+  c.whole_word_masking = False  # all sub-tokens of a chosen word share its fate
+  c.nsp_negative_rate = 0.5  # fraction of pairs whose B comes from another doc
+
+  # --- model -----------------------------------------------------------------
+  c.max_position_embeddings = 512  # learned position table length
+  c.type_vocab_size = 2
+  c.dropout_rate = 0.1
+  c.attention_dropout_rate = 0.1
+  c.dtype = "float32"  # compute dtype: 'float32' | 'bfloat16'
+
+  # --- optimisation (BERT paper defaults) ------------------------------------
+  c.batch_size = 32 if size == "tiny" else 256  # global batch
+  c.num_train_steps = 1500 if size == "tiny" else 1_000_000
+  c.learning_rate = 1e-3 if size == "tiny" else 1e-4  # peak
+  c.warmup_steps = 100 if size == "tiny" else 10_000  # linear warmup
+  # then linear decay to 0 at num_train_steps
+  c.adam_b1 = 0.9
+  c.adam_b2 = 0.999
+  c.adam_eps = 1e-6
+  c.weight_decay = 0.01  # not applied to LayerNorm scales and biases
+  c.grad_clip_norm = 1.0
+
+  # --- loop, checkpoints, evaluation ---------------------------------------
+  c.seed = 0  # root of every random decision (init, data order, masks)
+  c.log_every_steps = 50
+  c.checkpoint_every_steps = 250 if size == "tiny" else 5000
+  c.keep_checkpoints = 3
+  c.eval_every_steps = 0  # 0 = only at the end of training
+  c.eval_max_batches = 0  # 0 = the whole held-out split
+  c.eval_seed = 1234  # fixed masking seed of evaluation
+  return c

@@ -1,0 +1,42 @@
+"""bertjax: pretraining the BERT family of encoders in JAX/Flax, TPU first."""
+
+import setuptools
+
+CORE = [
+    "jax>=0.4.35",
+    "flax>=0.10.0",
+    "optax>=0.2.4",
+    "orbax-checkpoint>=0.11.0",
+    "tensorflow-datasets>=4.9.7",
+    "sentencepiece>=0.2.0",
+    "ml-collections>=1.0.0",
+    "absl-py>=2.1.0",
+    "grain>=0.2.10",
+    "array-record>=0.6.0",
+    "numpy>=1.26",
+    "etils[epath]>=1.7.0",
+    "tensorboardX>=2.6",
+]
+
+EXTRAS = {
+    "test": ["pytest>=8.0", "pytest-xdist>=3.5"],
+    # Reading public TFDS datasets prepared as tfrecord needs TensorFlow.
+    "tf": ["tensorflow>=2.16"],
+    # Hugging Face import/export and parity tests; torch must be the CPU wheel.
+    "hf": ["transformers>=4.40,<5", "safetensors>=0.4", "tokenizers>=0.19",
+           "torch==2.13.0"],
+    # Ahead-of-time compilation for TPU topologies from a CPU host.
+    "tpu": ["libtpu"],
+}
+
+setuptools.setup(
+    name="bertjax",
+    version="0.1.0",
+    description="Pretraining the BERT family of encoders in JAX/Flax, TPU first.",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=setuptools.find_packages(include=["bertjax", "bertjax.*"]),
+    install_requires=CORE,
+    extras_require=EXTRAS,
+)
