@@ -60,6 +60,11 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   c.attention_dropout_rate = 0.1
   c.dtype = "float32"  # compute dtype: 'float32' | 'bfloat16'
 
+  # --- devices ---------------------------------------------------------------
+  # Mesh sizes for the axes data,fsdp,tensor (bertjax/sharding.py); -1 = the
+  # remaining devices. "-1,1,1" is pure data parallelism.
+  c.mesh_shape = "-1,1,1"
+
   # --- optimisation (BERT paper defaults) ------------------------------------
   c.batch_size = 32 if size == "tiny" else 256  # global batch
   c.num_train_steps = 1500 if size == "tiny" else 1_000_000

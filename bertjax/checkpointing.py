@@ -1,0 +1,95 @@
+"""Orbax checkpoints: train state, data-iterator state and config, saved together.
+
+A checkpoint directory ``<workdir>/checkpoints/<step>/`` holds three items:
+  state   the TrainState (params, optimizer state, step), sharded arrays
+  data    the input pipeline's iterator state (JSON)
+  config  the run's config (JSON), used to refuse a mismatched resume
+Orbax writes each checkpoint into a temporary directory and renames it when
+complete, so only fully written checkpoints are ever listed and restored.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+from absl import logging
+
+# Fields that fix the shapes of the parameters: a checkpoint can only be
+# resumed by a config that agrees on all of them.
+MODEL_SHAPE_FIELDS = ("model", "model_size", "vocab_size", "max_position_embeddings",
+                      "type_vocab_size")
+
+
+class Checkpointer:
+  """Saves and restores the three items of a bertjax checkpoint."""
+
+  def __init__(self, workdir: str, *, keep: int = 3, read_only: bool = False):
+    self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+    if read_only and not os.path.isdir(self.directory):
+      raise ValueError(
+          f"No checkpoints under {self.directory}; train first with "
+          "`python -m bertjax.main --workdir=...` or pass the workdir that has them.")
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=keep, create=not read_only, read_only=read_only)
+    self._manager = ocp.CheckpointManager(
+        self.directory, options=options, item_names=("state", "data", "config"))
+
+  def latest_step(self) -> int | None:
+    return self._manager.latest_step()
+
+  def all_steps(self) -> list[int]:
+    return list(self._manager.all_steps())
+
+  def saved_config(self, step: int) -> dict[str, Any]:
+    restored = self._manager.restore(
+        step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))
+    return dict(restored["config"])
+
+  def check_compatible(self, config, step: int | None = None) -> None:
+    """Raises ValueError if the checkpoint was made by a differently shaped model."""
+    step = self.latest_step() if step is None else step
+    if step is None:
+      return
+    saved = self.saved_config(step)
+    for field in MODEL_SHAPE_FIELDS:
+      if field in saved and saved[field] != config.get(field):
+        raise ValueError(
+            f"The checkpoint at step {step} in {self.directory} was trained with "
+            f"{field}={saved[field]!r} but the config says {config.get(field)!r}; "
+            f"pass --config.{field}={saved[field]!r} to resume it, or use a new "
+            "--workdir for a different model.")
+
+  def save(self, step: int, state, data_state: dict[str, Any], config,
+           *, force: bool = False) -> bool:
+    return self._manager.save(
+        step,
+        args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state),
+            data=ocp.args.JsonSave(data_state),
+            config=ocp.args.JsonSave(config.to_dict()),
+        ),
+        force=force)
+
+  def restore(self, step: int, abstract_state, shardings) -> tuple[Any, dict[str, Any]]:
+    """Restores (state placed with ``shardings``, data-iterator state) of ``step``."""
+    target = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+        abstract_state, shardings)
+    restored = self._manager.restore(
+        step,
+        args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(target),
+            data=ocp.args.JsonRestore(),
+        ))
+    logging.info("Restored checkpoint %d from %s", step, self.directory)
+    return restored["state"], dict(restored["data"])
+
+  def wait(self) -> None:
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    self._manager.wait_until_finished()
+    self._manager.close()

@@ -1,0 +1,74 @@
+"""Checks a config before any device work, with errors that say what to do.
+
+Each check raises ValueError with one sentence naming the field and the fix.
+Objectives and models validate their own specialised fields when built; this
+module covers the fields the loop itself relies on.
+"""
+
+from __future__ import annotations
+
+from bertjax.models import sizes
+
+_DTYPES = ("float32", "bfloat16")
+_MASKING = ("static", "dynamic")
+
+
+def _fail(field: str, value, want: str) -> None:
+  raise ValueError(f"config.{field}={value!r} is invalid: {want}; set "
+                   f"--config.{field}=... accordingly.")
+
+
+def validate(config) -> None:
+  """Range and choice checks on the loop's config fields."""
+  sizes.get_size(config.model_size)
+  if not 0.0 < config.mask_rate < 1.0:
+    _fail("mask_rate", config.mask_rate, "it must lie strictly between 0 and 1")
+  if config.masking not in _MASKING:
+    _fail("masking", config.masking, f"it must be one of {', '.join(_MASKING)}")
+  if config.dupe_factor < 1:
+    _fail("dupe_factor", config.dupe_factor, "it must be at least 1")
+  if config.dtype not in _DTYPES:
+    _fail("dtype", config.dtype, f"it must be one of {', '.join(_DTYPES)}")
+  if not 8 <= config.seq_len <= config.max_position_embeddings:
+    _fail("seq_len", config.seq_len,
+          f"it must be between 8 and max_position_embeddings "
+          f"({config.max_position_embeddings}), the size of the position table")
+  if not 1 <= config.max_predictions_per_seq <= config.seq_len:
+    _fail("max_predictions_per_seq", config.max_predictions_per_seq,
+          f"it must be between 1 and seq_len ({config.seq_len})")
+  for field in ("batch_size", "log_every_steps", "checkpoint_every_steps",
+                "keep_checkpoints", "vocab_size"):
+    if int(config[field]) < 1:
+      _fail(field, config[field], "it must be a positive integer")
+  if config.num_train_steps < 0:
+    _fail("num_train_steps", config.num_train_steps, "it must not be negative")
+  if config.warmup_steps < 0:
+    _fail("warmup_steps", config.warmup_steps, "it must not be negative")
+  if config.learning_rate <= 0:
+    _fail("learning_rate", config.learning_rate, "it must be positive")
+
+
+def check_mesh(config, mesh) -> None:
+  """The global batch must split evenly over the mesh's batch axes."""
+  import jax
+  from bertjax import sharding
+  ways = sharding.batch_parallelism(mesh)
+  if config.batch_size % ways or config.batch_size % jax.process_count():
+    _fail("batch_size", config.batch_size,
+          f"the global batch must be divisible by the {ways} data-parallel "
+          f"devices (mesh {dict(mesh.shape)}) and {jax.process_count()} hosts")
+
+
+def check_prepared(config, prepared) -> None:
+  """The prepared tokenizer must match the config's vocabulary size."""
+  if prepared.vocab_size != config.vocab_size:
+    raise ValueError(
+        f"The tokenizer in {prepared.data_dir} has {prepared.vocab_size} tokens but "
+        f"config.vocab_size is {config.vocab_size}; pass "
+        f"--config.vocab_size={prepared.vocab_size} or a new --config.data_dir.")
+  for split in (config.train_split, config.eval_split):
+    if split not in prepared.splits:
+      raise ValueError(
+          f"The prepared data has no split {split!r} (it has "
+          f"{', '.join(prepared.splits)}); set --config.train_split / "
+          "--config.eval_split to one of those.")

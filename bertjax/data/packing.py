@@ -1,0 +1,247 @@
+"""Packing layouts: tokenized documents -> rows of the Batch contract.
+
+Pure numpy, no grain: the pipeline (``bertjax.data.pipeline``) decides which
+documents to pack and in which order; this module decides what one document
+becomes. A layout is a function ``(doc, config, rng) -> list of rows`` chosen
+by name from ``LAYOUTS`` (``config.layout``); another layout (doc-sentences,
+full-sentences) is another function and another entry, nothing else changes.
+
+A document is a mapping of numpy arrays:
+  tokens            int32 [n]  token ids (>= NUM_SPECIAL_TOKENS).
+  word_starts       bool  [n]  True at the first sub-token of each word.
+  sentence_lengths  int32 [s]  tokens per sentence, summing to n.
+
+A row is a dict with the per-example Batch fields of ``bertjax/batch.py``
+without the batch dimension: tokens, segment_ids, positions, doc_ids,
+word_starts, special ([seq_len] each) and the scalars a_lengths, b_lengths.
+The pipeline adds example_id, epoch and example_mask.
+
+The sentence-pair layout follows BERT's create_pretraining_data with two
+changes: B is always the true continuation of A (NSP negatives are drawn on
+device from other examples of the batch), and the target length is drawn per
+pair rather than once per document, so that ``short_seq_prob`` is the fraction
+of pairs with a short target whatever the document lengths.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, NamedTuple
+
+import numpy as np
+
+from bertjax import batch as batch_lib
+
+
+class Segment(NamedTuple):
+  """One side of a pair: tokens int32 [n] and word_starts bool [n], n >= 1."""
+  tokens: np.ndarray
+  word_starts: np.ndarray
+
+
+class PairInstance(NamedTuple):
+  """A sentence pair cut from one document.
+
+  Offsets index the document's tokens: the chunk is ``[chunk_start,
+  chunk_end)``, split into A and B at ``split``; after truncation A is
+  ``[a_start, a_end)`` and B is ``[b_start, b_end)``, with
+  ``chunk_start <= a_start < a_end <= split <= b_start < b_end <= chunk_end``.
+  ``target_length`` is the token budget drawn for the chunk (before the
+  ``max_tokens`` cap of truncation).
+  """
+  a: Segment
+  b: Segment
+  target_length: int
+  chunk_start: int
+  split: int
+  chunk_end: int
+  a_start: int
+  a_end: int
+  b_start: int
+  b_end: int
+
+
+def _segment(tokens: np.ndarray, word_starts: np.ndarray, start: int,
+             end: int, front_cut: bool) -> Segment:
+  ws = word_starts[start:end]
+  if front_cut:
+    # The token that now opens the segment starts a word for whole-word
+    # masking, even if it was the middle of a word in the document.
+    ws = ws.copy()
+    ws[0] = True
+  return Segment(tokens[start:end], ws)
+
+
+def _truncation_counts(len_a: int, len_b: int, max_tokens: int) -> tuple[int, int]:
+  """Tokens BERT's truncation removes from A and from B.
+
+  BERT removes one token at a time from the longer side (B on ties) until the
+  pair fits. Which side loses a token depends only on the lengths, so the
+  counts are deterministic; only front-versus-back is random.
+  """
+  excess = len_a + len_b - max_tokens
+  if excess <= 0:
+    return 0, 0
+  cut_a = cut_b = 0
+  if len_a > len_b:
+    cut_a = min(len_a - len_b, excess)
+  elif len_b > len_a:
+    cut_b = min(len_b - len_a, excess)
+  rest = excess - cut_a - cut_b
+  # Equal lengths from here on: B (tie) then A alternate.
+  return cut_a + rest // 2, cut_b + (rest + 1) // 2
+
+
+def _draw_target(max_tokens: int, short_seq_prob: float,
+                 rng: np.random.Generator) -> int:
+  if short_seq_prob > 0 and rng.random() < short_seq_prob:
+    return int(rng.integers(2, max_tokens + 1))
+  return max_tokens
+
+
+def pair_instances(doc: Mapping[str, np.ndarray], *, seq_len: int,
+                   short_seq_prob: float,
+                   rng: np.random.Generator) -> list[PairInstance]:
+  """Cuts one document into BERT sentence pairs (A, B = true continuation).
+
+  Sentences are accumulated into a chunk until it reaches the drawn target
+  length (``seq_len - 3``, or with probability ``short_seq_prob`` a uniform
+  length in ``[2, seq_len - 3]``) or the document ends. A chunk of several
+  sentences is split at a random sentence boundary; a one-sentence chunk at the
+  word boundary nearest a random point (skipped if it is a single word). The
+  pair is then truncated to ``seq_len - 3`` tokens as BERT does.
+
+  Args:
+    doc: tokens int32 [n], word_starts bool [n], sentence_lengths int32 [s].
+    seq_len: row length including [CLS] and two [SEP]; at least 5.
+    short_seq_prob: probability of a short target length.
+    rng: the only source of randomness; the result is a pure function of it.
+
+  Returns:
+    The pairs in document order.
+  """
+  max_tokens = seq_len - 3
+  if max_tokens < 2:
+    raise ValueError(
+        f"seq_len={seq_len} leaves no room for a sentence pair; use seq_len >= 5.")
+  tokens = np.asarray(doc["tokens"])
+  word_starts = np.asarray(doc["word_starts"], dtype=bool)
+  lengths = np.asarray(doc["sentence_lengths"])
+  if int(lengths.sum()) != len(tokens) or len(word_starts) != len(tokens):
+    raise ValueError(
+        f"Document has {len(tokens)} tokens, {len(word_starts)} word_starts and "
+        f"sentence_lengths summing to {int(lengths.sum())}; re-prepare the data "
+        "so that the three agree.")
+  # Sentence start offsets, empty sentences dropped (they add no boundary).
+  bounds = np.concatenate([[0], np.cumsum(lengths[lengths > 0])]).tolist()
+  num_sentences = len(bounds) - 1
+
+  out = []
+  target = _draw_target(max_tokens, short_seq_prob, rng)
+  first = 0  # first sentence of the current chunk
+  for last in range(num_sentences):
+    start, end = bounds[first], bounds[last + 1]
+    if end - start < target and last < num_sentences - 1:
+      continue
+    if last > first:
+      split = bounds[int(rng.integers(first + 1, last + 1))]
+    else:
+      inner = np.flatnonzero(word_starts[start + 1:end]) + start + 1
+      split = -1
+      if len(inner):
+        point = int(rng.integers(start + 1, end))
+        i = int(np.searchsorted(inner, point))
+        near = inner[max(i - 1, 0):i + 1]
+        split = int(near[np.argmin(np.abs(near - point))])
+    if split > 0:
+      cut_a, cut_b = _truncation_counts(split - start, end - split, max_tokens)
+      front_a = int(rng.binomial(cut_a, 0.5)) if cut_a else 0
+      front_b = int(rng.binomial(cut_b, 0.5)) if cut_b else 0
+      a_start, a_end = start + front_a, split - (cut_a - front_a)
+      b_start, b_end = split + front_b, end - (cut_b - front_b)
+      out.append(PairInstance(
+          a=_segment(tokens, word_starts, a_start, a_end, front_a > 0),
+          b=_segment(tokens, word_starts, b_start, b_end, front_b > 0),
+          target_length=target, chunk_start=start, split=split,
+          chunk_end=end, a_start=a_start, a_end=a_end, b_start=b_start,
+          b_end=b_end))
+    first = last + 1
+    target = _draw_target(max_tokens, short_seq_prob, rng)
+  return out
+
+
+def pair_row(a: Segment, b: Segment, seq_len: int) -> dict[str, np.ndarray]:
+  """Writes ``[CLS] A [SEP] B [SEP] PAD...`` as one row of the Batch contract.
+
+  Args:
+    a: sentence A, n_a >= 1 tokens.
+    b: sentence B, n_b >= 1 tokens, n_a + n_b + 3 <= seq_len.
+    seq_len: row length L.
+
+  Returns:
+    tokens, segment_ids, positions, doc_ids int32 [L]; word_starts, special
+    bool [L]; a_lengths, b_lengths int32 [] (n_a, n_b).
+  """
+  la, lb = len(a.tokens), len(b.tokens)
+  n = la + lb + 3
+  if la < 1 or lb < 1 or n > seq_len:
+    raise ValueError(
+        f"A pair of {la} + {lb} tokens does not fit seq_len={seq_len} with 3 "
+        "special tokens; truncate both to >= 1 token and <= seq_len - 3 in total.")
+  sep_a, b0 = la + 1, la + 2
+  tokens = np.zeros(seq_len, np.int32)
+  tokens[0] = batch_lib.CLS_ID
+  tokens[1:sep_a] = a.tokens
+  tokens[sep_a] = batch_lib.SEP_ID
+  tokens[b0:n - 1] = b.tokens
+  tokens[n - 1] = batch_lib.SEP_ID
+  segment_ids = np.zeros(seq_len, np.int32)
+  segment_ids[b0:n] = 1
+  doc_ids = np.zeros(seq_len, np.int32)
+  doc_ids[:n] = 1
+  special = np.zeros(seq_len, bool)
+  special[[0, sep_a]] = True
+  special[n - 1:] = True
+  word_starts = np.zeros(seq_len, bool)
+  word_starts[1:sep_a] = a.word_starts
+  word_starts[b0:n - 1] = b.word_starts
+  word_starts[[0, sep_a, n - 1]] = True
+  return {
+      "tokens": tokens,
+      "segment_ids": segment_ids,
+      "positions": np.arange(seq_len, dtype=np.int32),
+      "doc_ids": doc_ids,
+      "word_starts": word_starts,
+      "special": special,
+      "a_lengths": np.int32(la),
+      "b_lengths": np.int32(lb),
+  }
+
+
+def sentence_pair_rows(doc: Mapping[str, np.ndarray], config: Any,
+                       rng: np.random.Generator) -> list[dict[str, np.ndarray]]:
+  """The ``sentence_pairs`` layout: one row per ``pair_instances`` pair.
+
+  Uses config.seq_len and config.short_seq_prob.
+  """
+  return [pair_row(p.a, p.b, config.seq_len)
+          for p in pair_instances(doc, seq_len=config.seq_len,
+                                  short_seq_prob=config.short_seq_prob,
+                                  rng=rng)]
+
+
+Layout = Callable[[Mapping[str, np.ndarray], Any, np.random.Generator],
+                  list[dict[str, np.ndarray]]]
+
+# config.layout -> packing function.
+LAYOUTS: dict[str, Layout] = {
+    "sentence_pairs": sentence_pair_rows,
+}
+
+
+def get_layout(name: str) -> Layout:
+  """The packing function registered as ``name`` in ``LAYOUTS``."""
+  if name not in LAYOUTS:
+    raise ValueError(
+        f"Unknown packing layout {name!r}; set config.layout to one of "
+        f"{sorted(LAYOUTS)}.")
+  return LAYOUTS[name]

@@ -1,0 +1,121 @@
+"""Held-out evaluation: a fixed-seed pass over the eval split.
+
+The record has ``mlm_loss``, ``mlm_accuracy``, ``nsp_accuracy`` (and any other
+metric the objective reports), ``num_tokens`` (non-padding tokens read),
+``num_predictions`` (masked positions scored) and ``baseline_mlm_accuracy``:
+the accuracy of always predicting the single most frequent token among those
+masked positions, the floor a model must clearly beat.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from bertjax import metrics as metrics_lib
+from bertjax import sharding
+from bertjax.data import pipeline
+
+
+def eval_step(params, batch, rng, *, model, objective, vocab_size: int):
+  """Scores one batch without dropout; masks come from the fixed eval key.
+
+  Returns:
+    (metrics as {name: (sum, count)}, target-id counts float32 [vocab_size]).
+  """
+  inputs, targets = objective.corrupt(rng, batch, jnp.zeros((), jnp.int32))
+  outputs = model.apply({"params": params}, inputs, deterministic=True)
+  _, metrics = objective.loss(outputs, targets)
+  metrics = dict(metrics)
+  real = batch["doc_ids"] > 0
+  metrics["num_tokens"] = (jnp.sum(real).astype(jnp.float32), jnp.float32(1.0))
+  counts = jnp.zeros((vocab_size,), jnp.float32).at[
+      targets["mlm_targets"].reshape(-1)].add(targets["mlm_weights"].reshape(-1))
+  return metrics, counts
+
+
+def evaluate_params(config, params, prepared, mesh, model, objective) -> dict[str, Any]:
+  """Evaluates ``params`` on ``config.eval_split``; returns the record."""
+  from bertjax import train  # the host->global batch helper lives with the loop
+  local_batch = config.batch_size // jax.process_count()
+  batches = pipeline.make_eval_batches(
+      config, prepared.source(config.eval_split), local_batch_size=local_batch,
+      process_index=jax.process_index(), process_count=jax.process_count(),
+      max_batches=config.eval_max_batches)
+  step_fn = jax.jit(
+      functools.partial(eval_step, model=model, objective=objective,
+                        vocab_size=config.vocab_size),
+      in_shardings=(None, sharding.batch_sharding(mesh), sharding.replicated(mesh)),
+      out_shardings=sharding.replicated(mesh))
+  rng = jax.random.key(config.eval_seed)
+  sums, counts = None, None
+  with mesh:
+    for batch in batches:
+      m, c = step_fn(params, train.to_global(batch, mesh), rng)
+      sums = metrics_lib.add(sums, m)
+      counts = c if counts is None else counts + c
+  if sums is None:
+    raise ValueError(
+        f"The eval split {config.eval_split!r} gave no batches; use a larger "
+        "corpus or a smaller --config.batch_size.")
+  host = jax.device_get(sums)
+  record = metrics_lib.reduce({k: v for k, v in host.items() if k != "num_tokens"})
+  record["num_tokens"] = int(host["num_tokens"][0])
+  counts = jax.device_get(counts)
+  total = float(counts.sum())
+  record["num_predictions"] = int(total)
+  record["baseline_mlm_accuracy"] = float(counts.max() / total) if total else 0.0
+  return record
+
+
+def write_record(workdir: str, record: dict[str, Any]) -> str:
+  """Writes ``record`` to ``workdir/eval_<step>.json`` (process 0 only)."""
+  path = os.path.join(workdir, f"eval_{record['step']}.json")
+  if jax.process_index() == 0:
+    with open(path, "w", encoding="utf-8") as f:
+      json.dump(record, f, indent=1)
+  return path
+
+
+def evaluate_checkpoint(config, workdir: str, step: int | None = None) -> dict[str, Any]:
+  """Restores a checkpoint of ``workdir`` (latest by default) and evaluates it."""
+  from bertjax import checkpointing
+  from bertjax import config_validation
+  from bertjax import models
+  from bertjax import objectives
+  from bertjax import optim
+  from bertjax import state as state_lib
+  from bertjax.data import prepare
+
+  config_validation.validate(config)
+  workdir = os.path.abspath(workdir)
+  checkpointer = checkpointing.Checkpointer(workdir, read_only=True)
+  steps = checkpointer.all_steps()
+  if not steps:
+    raise ValueError(f"No checkpoint in {checkpointer.directory}; train first with "
+                     "`python -m bertjax.main` on this --workdir.")
+  if step is None:
+    step = max(steps)
+  elif step not in steps:
+    raise ValueError(f"No checkpoint for step {step} in {checkpointer.directory}; "
+                     f"pass --step as one of {sorted(steps)}.")
+  checkpointer.check_compatible(config, step)
+  prepared = prepare.prepare(config, prepare.resolve_data_dir(config, workdir))
+  config_validation.check_prepared(config, prepared)
+  mesh = sharding.make_mesh(config.mesh_shape)
+  config_validation.check_mesh(config, mesh)
+  model = models.get_model(config)
+  tx = optim.make_optimizer(config)
+  abstract, shardings = state_lib.state_shardings(model, tx, config, mesh)
+  state, _ = checkpointer.restore(step, abstract, shardings)
+  checkpointer.close()
+  record = evaluate_params(config, state.params, prepared, mesh, model,
+                           objectives.get_objective(config))
+  record = {"step": step, **record}
+  write_record(workdir, record)
+  return record

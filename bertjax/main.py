@@ -1,0 +1,30 @@
+r"""Pretrains a BERT-family encoder.
+
+  python -m bertjax.main --config=configs/bert.py:tiny --workdir=/tmp/bertjax-demo
+
+Prepares the corpus and tokenizer into the workdir if they are missing, trains
+(resuming from the workdir's latest checkpoint), then evaluates on the held-out
+split. Override any config field with ``--config.FIELD=VALUE``.
+"""
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+from bertjax import train
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Config file, e.g. configs/bert.py:tiny.", lock_config=True)
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None, "Directory for data, checkpoints and metrics.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+  app.run(main)

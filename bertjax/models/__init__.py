@@ -1,0 +1,47 @@
+"""The model registry: ``get_model(config)`` builds the module ``config.model`` names.
+
+Each architecture lives in its own file and registers a builder
+``(config, dtype) -> nn.Module`` in ``_BUILDERS``; the train loop only ever
+calls ``get_model`` and ``model.apply``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from bertjax.models import bert
+
+_BUILDERS: dict[str, Callable[[ml_collections.ConfigDict, Any], nn.Module]] = {
+    "bert": bert.from_config,
+}
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def get_model(config: ml_collections.ConfigDict) -> nn.Module:
+  """Returns the (unbound) flax module for ``config.model``.
+
+  Raises:
+    ValueError: for an unknown ``config.model`` or ``config.dtype``.
+  """
+  if config.model not in _BUILDERS:
+    raise ValueError(
+        f"Unknown model {config.model!r}; set --config.model to one of "
+        f"{', '.join(sorted(_BUILDERS))}.")
+  if config.dtype not in _DTYPES:
+    raise ValueError(
+        f"Unknown dtype {config.dtype!r}; set --config.dtype to one of "
+        f"{', '.join(_DTYPES)}.")
+  return _BUILDERS[config.model](config, _DTYPES[config.dtype])
+
+
+def count_params(params: Any) -> int:
+  """Number of scalars in a parameter tree (boxed or not, arrays or shapes)."""
+  return int(sum(np.prod(leaf.shape, dtype=np.int64)
+                 for leaf in jax.tree.leaves(params)))

@@ -1,0 +1,210 @@
+"""BERT for pretraining: embeddings, encoder stack, pooler, MLM and NSP heads.
+
+Inputs (a dict; see ``bertjax/objectives/base.py``):
+  tokens, segment_ids, positions, doc_ids   int32 [batch, length]
+  masked_positions                          int32 [batch, predictions]
+
+Outputs (a dict):
+  mlm_logits  float32 [batch, predictions, vocab]  only at masked_positions
+  nsp_logits  float32 [batch, 2]
+  hidden      [batch, length, embed]  (compute dtype) last encoder layer
+  pooled      [batch, embed]          (compute dtype) tanh(dense(hidden[:, 0]))
+
+The MLM decoder is tied to the word embeddings: logits = transform(h) @ E.T + b.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from bertjax.models import layers
+from bertjax.models import sizes
+
+Dtype = Any
+
+
+class BertEmbeddings(nn.Module):
+  """Token + learned position + segment embeddings, LayerNorm, dropout.
+
+  Attributes:
+    vocab_size: rows of the word table (logical axis 'vocab').
+    hidden_size: embedding width (logical axis 'embed').
+    max_position_embeddings: rows of the position table ('position').
+    type_vocab_size: rows of the segment table ('type').
+    dropout_rate: dropout on the summed, normalised embeddings.
+    dtype: compute dtype.
+  """
+  vocab_size: int
+  hidden_size: int
+  max_position_embeddings: int
+  type_vocab_size: int
+  dropout_rate: float = 0.0
+  dtype: Dtype = jnp.float32
+
+  def setup(self):
+    def table(rows: int, row_axis: str, name: str) -> nn.Embed:
+      return nn.Embed(
+          num_embeddings=rows, features=self.hidden_size, dtype=self.dtype,
+          param_dtype=jnp.float32,
+          embedding_init=layers.kernel_init(row_axis, "embed"), name=name)
+
+    self.word_embeddings = table(self.vocab_size, "vocab", "word_embeddings")
+    self.position_embeddings = table(
+        self.max_position_embeddings, "position", "position_embeddings")
+    self.type_embeddings = table(self.type_vocab_size, "type",
+                                 "type_embeddings")
+    self.layer_norm = layers.layer_norm(self.dtype, "layer_norm")
+    self.dropout = nn.Dropout(rate=self.dropout_rate)
+
+  def __call__(self, tokens: jax.Array, segment_ids: jax.Array,
+               positions: jax.Array, deterministic: bool) -> jax.Array:
+    """Embeds int32 [batch, length] ids into [batch, length, embed] (dtype)."""
+    x = (self.word_embeddings(tokens) + self.position_embeddings(positions) +
+         self.type_embeddings(segment_ids))
+    x = self.layer_norm(x)
+    return self.dropout(x, deterministic)
+
+  def attend(self, x: jax.Array) -> jax.Array:
+    """Scores [..., embed] against every word embedding: float32 [..., vocab]."""
+    table = self.word_embeddings.embedding.astype(self.dtype)
+    return jnp.einsum("...e,ve->...v", x.astype(self.dtype), table,
+                      preferred_element_type=jnp.float32)
+
+
+class MlmTransform(nn.Module):
+  """The MLM head's dense(H) -> GELU -> LayerNorm before the tied decoder.
+
+  Attributes:
+    dtype: compute dtype.
+  """
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """Maps [..., embed] to [..., embed] (dtype)."""
+    # A square [embed, embed] kernel: naming both axes 'embed' would map two
+    # dimensions to one mesh axis, so the output axis stays unsharded.
+    x = nn.Dense(x.shape[-1], dtype=self.dtype, param_dtype=jnp.float32,
+                 kernel_init=layers.kernel_init("embed", None),
+                 bias_init=layers.zeros_init(None), name="dense")(x)
+    x = nn.gelu(x, approximate=False)
+    return layers.layer_norm(self.dtype, "layer_norm")(x)
+
+
+class BertForPretraining(nn.Module):
+  """The BERT encoder with its pooler, tied MLM head and NSP head.
+
+  Attributes:
+    vocab_size, max_position_embeddings, type_vocab_size: table sizes.
+    num_layers, hidden_size, num_heads, mlp_dim: a row of sizes.SIZES.
+    dropout_rate: dropout on embeddings and sublayer outputs.
+    attention_dropout_rate: dropout on attention probabilities.
+    dtype: compute dtype (parameters are always float32).
+  """
+  vocab_size: int
+  max_position_embeddings: int
+  type_vocab_size: int
+  num_layers: int
+  hidden_size: int
+  num_heads: int
+  mlp_dim: int
+  dropout_rate: float = 0.0
+  attention_dropout_rate: float = 0.0
+  dtype: Dtype = jnp.float32
+
+  def setup(self):
+    self.embeddings = BertEmbeddings(
+        vocab_size=self.vocab_size, hidden_size=self.hidden_size,
+        max_position_embeddings=self.max_position_embeddings,
+        type_vocab_size=self.type_vocab_size, dropout_rate=self.dropout_rate,
+        dtype=self.dtype)
+    self.encoder = layers.Encoder(
+        num_layers=self.num_layers, num_heads=self.num_heads,
+        mlp_dim=self.mlp_dim, dropout_rate=self.dropout_rate,
+        attention_dropout_rate=self.attention_dropout_rate, dtype=self.dtype)
+    self.pooler = nn.Dense(
+        self.hidden_size, dtype=self.dtype, param_dtype=jnp.float32,
+        kernel_init=layers.kernel_init("embed", None),
+        bias_init=layers.zeros_init(None))
+    self.mlm_transform = MlmTransform(dtype=self.dtype)
+    self.mlm_bias = self.param("mlm_bias", layers.zeros_init("vocab"),
+                               (self.vocab_size,), jnp.float32)
+    # Two logits: a float32 head is cheap and keeps the loss input exact.
+    self.nsp = nn.Dense(
+        2, dtype=jnp.float32, param_dtype=jnp.float32,
+        kernel_init=layers.kernel_init("embed", None),
+        bias_init=layers.zeros_init(None))
+
+  def __call__(self, inputs: Mapping[str, jax.Array],
+               deterministic: bool = True) -> dict[str, jax.Array]:
+    """Runs the model; see the module docstring for inputs and outputs.
+
+    Args:
+      inputs: dict with tokens, segment_ids, positions, doc_ids (int32
+        [batch, length]) and masked_positions (int32 [batch, predictions]).
+      deterministic: disables dropout; when False the caller passes
+        ``rngs={'dropout': key}`` to ``apply``.
+    """
+    x = self.embeddings(inputs["tokens"], inputs["segment_ids"],
+                        inputs["positions"], deterministic)
+    mask = layers.doc_attention_mask(inputs["doc_ids"])
+    hidden = self.encoder(x, mask, deterministic)
+    pooled = jnp.tanh(self.pooler(hidden[:, 0]))
+    return dict(
+        mlm_logits=self.mlm_logits(hidden, inputs["masked_positions"]),
+        nsp_logits=self.nsp(pooled),
+        hidden=hidden,
+        pooled=pooled)
+
+  def mlm_logits(self, hidden: jax.Array,
+                 masked_positions: jax.Array) -> jax.Array:
+    """Tied MLM logits at the chosen positions only.
+
+    Gathering first keeps the [.., vocab] product at predictions (about 15%
+    of the tokens) instead of the whole sequence.
+
+    Args:
+      hidden: [batch, length, embed] encoder output.
+      masked_positions: int32 [batch, predictions] indices into length.
+
+    Returns:
+      float32 [batch, predictions, vocab].
+    """
+    x = jnp.take_along_axis(hidden, masked_positions[:, :, None], axis=1)
+    x = self.mlm_transform(x)
+    return self.embeddings.attend(x) + self.mlm_bias
+
+
+def from_config(config: ml_collections.ConfigDict,
+                dtype: Dtype) -> BertForPretraining:
+  """Builds BertForPretraining from a config (see configs/bert.py).
+
+  Args:
+    config: uses model_size, vocab_size, max_position_embeddings,
+      type_vocab_size, dropout_rate, attention_dropout_rate and, when present,
+      seq_len (checked against max_position_embeddings).
+    dtype: the compute dtype, already parsed from config.dtype.
+  """
+  size = sizes.get_size(config.model_size)
+  seq_len = config.get("seq_len", 0)
+  if seq_len > config.max_position_embeddings:
+    raise ValueError(
+        f"seq_len {seq_len} exceeds max_position_embeddings "
+        f"{config.max_position_embeddings}; lower --config.seq_len or raise "
+        f"--config.max_position_embeddings.")
+  return BertForPretraining(
+      vocab_size=config.vocab_size,
+      max_position_embeddings=config.max_position_embeddings,
+      type_vocab_size=config.type_vocab_size,
+      num_layers=size.num_layers,
+      hidden_size=size.hidden_size,
+      num_heads=size.num_heads,
+      mlp_dim=size.mlp_dim,
+      dropout_rate=config.dropout_rate,
+      attention_dropout_rate=config.attention_dropout_rate,
+      dtype=dtype)

@@ -1,0 +1,228 @@
+"""Transformer encoder layers shared by the BERT family.
+
+Every parameter carries logical axis names (``nn.with_logical_partitioning``);
+``bertjax/sharding.py`` maps them to mesh axes. The names used here:
+
+  embed   the hidden (model) dimension H
+  mlp     the feed-forward inner dimension
+  heads   attention heads
+  kv      the per-head dimension H / heads
+  vocab, position, type   rows of the embedding tables (see bert.py)
+
+Activations are ``[batch, length, embed]``; parameters are always float32 and
+``dtype`` is the compute dtype. Attention logits and softmax are float32 even
+when ``dtype`` is bfloat16, because the softmax of bfloat16 logits loses the
+small differences that separate tokens.
+
+Variants plug in here by swapping modules, not by flags: ``EncoderBlock`` takes
+the attention class as a field (relative-position kinds bring their own), and a
+variant that shares one block across layers (ALBERT) writes its own stack
+around ``EncoderBlock``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+Dtype = Any
+
+# BERT's initializer: truncated normal with standard deviation 0.02.
+KERNEL_STDDEV = 0.02
+LAYER_NORM_EPS = 1e-12
+# Logical names of the hidden states between blocks.
+HIDDEN_AXES = ("batch", "length", "embed")
+
+
+def kernel_init(*names: str | None) -> Callable[..., Any]:
+  """Truncated-normal (std 0.02) initializer boxed with logical axis ``names``."""
+  return nn.with_logical_partitioning(
+      nn.initializers.truncated_normal(stddev=KERNEL_STDDEV), names)
+
+
+def zeros_init(*names: str | None) -> Callable[..., Any]:
+  """Zeros initializer boxed with logical axis ``names`` (biases)."""
+  return nn.with_logical_partitioning(nn.initializers.zeros_init(), names)
+
+
+def layer_norm(dtype: Dtype, name: str) -> nn.LayerNorm:
+  """BERT's LayerNorm (eps 1e-12) with ('embed',) scale and bias."""
+  return nn.LayerNorm(
+      epsilon=LAYER_NORM_EPS, dtype=dtype, param_dtype=jnp.float32,
+      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(),
+                                              ("embed",)),
+      bias_init=zeros_init("embed"), name=name)
+
+
+def doc_attention_mask(doc_ids: jax.Array) -> jax.Array:
+  """Which keys each query may attend to, from packed document ids.
+
+  Args:
+    doc_ids: int32 [batch, length]; 1-based document index, 0 on padding.
+
+  Returns:
+    bool [batch, 1, length, length] (the 1 broadcasts over heads): True where
+    query q and key k are in the same document and k is not padding.
+  """
+  same_doc = doc_ids[:, :, None] == doc_ids[:, None, :]
+  real_key = (doc_ids != 0)[:, None, :]
+  return (same_doc & real_key)[:, None, :, :]
+
+
+class MultiHeadAttention(nn.Module):
+  """Self-attention with learned projections and a boolean mask.
+
+  Attributes:
+    num_heads: number of heads; the hidden size must be divisible by it.
+    dropout_rate: dropout on the attention probabilities.
+    dtype: compute dtype of the projections.
+  """
+  num_heads: int
+  dropout_rate: float = 0.0
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array, mask: jax.Array,
+               deterministic: bool) -> jax.Array:
+    """Attends over ``x``.
+
+    Args:
+      x: [batch, length, embed] hidden states.
+      mask: bool [batch, 1 or heads, length, length]; True where query may
+        attend to key.
+      deterministic: disables dropout.
+
+    Returns:
+      [batch, length, embed] in ``dtype``.
+    """
+    hidden = x.shape[-1]
+    if hidden % self.num_heads:
+      raise ValueError(
+          f"Hidden size {hidden} is not divisible by num_heads "
+          f"{self.num_heads}; pick a size row whose hidden_size is a multiple.")
+    head_dim = hidden // self.num_heads
+
+    def projection(name: str) -> nn.DenseGeneral:
+      return nn.DenseGeneral(
+          features=(self.num_heads, head_dim), dtype=self.dtype,
+          param_dtype=jnp.float32,
+          kernel_init=kernel_init("embed", "heads", "kv"),
+          bias_init=zeros_init("heads", "kv"), name=name)
+
+    q = projection("query")(x)  # [batch, length, heads, kv]
+    k = projection("key")(x)
+    v = projection("value")(x)
+    q = q / jnp.sqrt(head_dim).astype(q.dtype)
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k,
+                        preferred_element_type=jnp.float32)
+    # jnp.where (not an additive -inf) keeps a fully masked query row finite:
+    # it becomes a uniform average instead of NaN, and padding queries are
+    # never read by real tokens.
+    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(logits, axis=-1)
+    probs = nn.Dropout(rate=self.dropout_rate)(probs, deterministic)
+    out = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(self.dtype), v)
+    return nn.DenseGeneral(
+        features=hidden, axis=(-2, -1), dtype=self.dtype,
+        param_dtype=jnp.float32,
+        kernel_init=kernel_init("heads", "kv", "embed"),
+        bias_init=zeros_init("embed"), name="out")(out)
+
+
+class Mlp(nn.Module):
+  """Position-wise feed-forward: dense -> exact GELU -> dense.
+
+  Attributes:
+    mlp_dim: inner dimension.
+    dtype: compute dtype.
+  """
+  mlp_dim: int
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """Maps [batch, length, embed] to [batch, length, embed]."""
+    hidden = x.shape[-1]
+    y = nn.Dense(self.mlp_dim, dtype=self.dtype, param_dtype=jnp.float32,
+                 kernel_init=kernel_init("embed", "mlp"),
+                 bias_init=zeros_init("mlp"), name="wi")(x)
+    # Exact (erf) GELU, as the original BERT and HF checkpoints use.
+    y = nn.gelu(y, approximate=False)
+    return nn.Dense(hidden, dtype=self.dtype, param_dtype=jnp.float32,
+                    kernel_init=kernel_init("mlp", "embed"),
+                    bias_init=zeros_init("embed"), name="wo")(y)
+
+
+class EncoderBlock(nn.Module):
+  """Post-LayerNorm Transformer block (BERT).
+
+  x = LN(x + dropout(attention(x))); x = LN(x + dropout(mlp(x))).
+
+  Attributes:
+    num_heads: attention heads.
+    mlp_dim: feed-forward inner dimension.
+    dropout_rate: dropout on the sublayer outputs.
+    attention_dropout_rate: dropout on the attention probabilities.
+    dtype: compute dtype.
+    attention_cls: the attention module; called as
+      ``attention_cls(num_heads=, dropout_rate=, dtype=, name='attention')``
+      and then ``(x, mask, deterministic)``.
+  """
+  num_heads: int
+  mlp_dim: int
+  dropout_rate: float = 0.0
+  attention_dropout_rate: float = 0.0
+  dtype: Dtype = jnp.float32
+  attention_cls: type[nn.Module] = MultiHeadAttention
+
+  @nn.compact
+  def __call__(self, x: jax.Array, mask: jax.Array,
+               deterministic: bool) -> jax.Array:
+    """Maps [batch, length, embed] to [batch, length, embed] (``dtype``)."""
+    y = self.attention_cls(
+        num_heads=self.num_heads, dropout_rate=self.attention_dropout_rate,
+        dtype=self.dtype, name="attention")(x, mask, deterministic)
+    y = nn.Dropout(rate=self.dropout_rate)(y, deterministic)
+    x = layer_norm(self.dtype, "attention_norm")(x + y)
+    y = Mlp(mlp_dim=self.mlp_dim, dtype=self.dtype, name="mlp")(x)
+    y = nn.Dropout(rate=self.dropout_rate)(y, deterministic)
+    return layer_norm(self.dtype, "mlp_norm")(x + y)
+
+
+class Encoder(nn.Module):
+  """A stack of independent ``EncoderBlock``s named ``layer_0 .. layer_{n-1}``.
+
+  Attributes:
+    num_layers: number of blocks.
+    num_heads, mlp_dim, dropout_rate, attention_dropout_rate, dtype,
+    attention_cls: passed to every block.
+  """
+  num_layers: int
+  num_heads: int
+  mlp_dim: int
+  dropout_rate: float = 0.0
+  attention_dropout_rate: float = 0.0
+  dtype: Dtype = jnp.float32
+  attention_cls: type[nn.Module] = MultiHeadAttention
+
+  @nn.compact
+  def __call__(self, x: jax.Array, mask: jax.Array,
+               deterministic: bool) -> jax.Array:
+    """Maps [batch, length, embed] to [batch, length, embed] (``dtype``).
+
+    ``mask`` is bool [batch, 1 or heads, length, length], see
+    ``doc_attention_mask``.
+    """
+    x = nn.with_logical_constraint(x, HIDDEN_AXES)
+    for i in range(self.num_layers):
+      x = EncoderBlock(
+          num_heads=self.num_heads, mlp_dim=self.mlp_dim,
+          dropout_rate=self.dropout_rate,
+          attention_dropout_rate=self.attention_dropout_rate,
+          dtype=self.dtype, attention_cls=self.attention_cls,
+          name=f"layer_{i}")(x, mask, deterministic)
+      x = nn.with_logical_constraint(x, HIDDEN_AXES)
+    return x

@@ -1,0 +1,222 @@
+"""Jittable masking primitives: per-example keys, choosing positions, replacing.
+
+Pure array functions with static shapes, in the spirit of ELECTRA's
+``pretrain_helpers``: choose exactly N positions among candidates with random
+scores and ``top_k``, then scatter/gather. The choosers work on ONE row
+(``[seq]`` arrays) and are ``vmap``-ed by the objectives, so that each row
+draws from its own key and the result does not depend on the row's place in
+the batch or on the number of devices.
+
+Shapes: ``L`` is the sequence length, ``P`` the number of prediction slots
+(``config.max_predictions_per_seq``), ``B`` the batch size.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax import batch as batch_lib
+
+MASKING_MODES = ("static", "dynamic")
+
+
+def check_masking_mode(masking: str) -> None:
+  """Raises a ValueError unless ``masking`` names a known randomness mode."""
+  if masking not in MASKING_MODES:
+    raise ValueError(
+        f"Unknown masking mode {masking!r}; set --config.masking to one of "
+        f"{', '.join(MASKING_MODES)}.")
+
+
+def example_keys(rng: jax.Array, example_id: jax.Array, epoch: jax.Array,
+                 step: jax.Array, *, masking: str,
+                 dupe_factor: int) -> jax.Array:
+  """One key per example, independent of its place in the batch.
+
+  ``static``: ``fold_in(fold_in(fold_in(rng, doc), instance), epoch %
+  dupe_factor)`` -- the same example draws the same key in every epoch with
+  the same ``epoch % dupe_factor``, so it sees at most ``dupe_factor``
+  distinct corruptions over training (BERT's duplicated static masks).
+  ``dynamic``: ``fold_in(fold_in(fold_in(rng, step), doc), instance)`` -- a new
+  key every step.
+
+  Args:
+    rng: a key (typed or raw); the caller folds in its own stream tag first so
+      that different decisions (masks, NSP negatives) are independent.
+    example_id: int32 [B, 2] (document index, instance index).
+    epoch: int32 [B].
+    step: int32 scalar.
+    masking: 'static' or 'dynamic' (Python string, static under jit).
+    dupe_factor: number of distinct static corruptions per example (>= 1).
+
+  Returns:
+    keys [B] (one key per example, same key type as ``rng``).
+  """
+  check_masking_mode(masking)
+  doc, instance = example_id[:, 0], example_id[:, 1]
+  fold = jax.vmap(jax.random.fold_in)
+  if masking == "static":
+    base = jnp.broadcast_to(rng, doc.shape)
+    return fold(fold(fold(base, doc), instance), jnp.mod(epoch, dupe_factor))
+  base = jnp.broadcast_to(jax.random.fold_in(rng, step), doc.shape)
+  return fold(fold(base, doc), instance)
+
+
+def prediction_budget(num_candidates: jax.Array, seq_len: int, rate: float,
+                      max_predictions: int) -> jax.Array:
+  """BERT's count rule: ``min(P, max(1, round(rate * n)))``, and 0 when n = 0.
+
+  Evaluated through a table built in float64 with Python's ``round`` (half to
+  even), so the count is exactly what BERT's reference data script computes;
+  float32 arithmetic would round e.g. 0.15 * 30 up to 5 instead of 4.
+
+  Args:
+    num_candidates: int32 [...] number of candidate tokens n, in [0, seq_len].
+    seq_len: static upper bound of n.
+    rate: fraction of candidates to choose.
+    max_predictions: P.
+
+  Returns:
+    int32 [...] number of tokens to choose.
+  """
+  table = np.array(
+      [0] + [min(max_predictions, max(1, round(rate * n)))
+             for n in range(1, seq_len + 1)], np.int32)
+  return jnp.asarray(table)[num_candidates]
+
+
+def _check_slots(seq_len: int, max_predictions: int) -> None:
+  if max_predictions > seq_len:
+    raise ValueError(
+        f"max_predictions_per_seq={max_predictions} exceeds seq_len={seq_len}; "
+        f"lower --config.max_predictions_per_seq.")
+
+
+def first_positions(mask: jax.Array,
+                    max_predictions: int) -> tuple[jax.Array, jax.Array]:
+  """The first P True positions of ``mask``, ascending.
+
+  Args:
+    mask: bool [L] with at most P True entries (more are cut off).
+    max_predictions: P.
+
+  Returns:
+    positions int32 [P] (unused slots 0), weights float32 [P] (1 if used).
+  """
+  seq_len = mask.shape[-1]
+  _check_slots(seq_len, max_predictions)
+  # Earlier positions get larger keys, so top_k returns them in order.
+  keys = jnp.where(mask, seq_len - jnp.arange(seq_len, dtype=jnp.int32), 0)
+  values, index = jax.lax.top_k(keys, max_predictions)
+  used = values > 0
+  return (jnp.where(used, index, 0).astype(jnp.int32),
+          used.astype(jnp.float32))
+
+
+def choose_positions(rng: jax.Array, candidates: jax.Array, *, rate: float,
+                     max_predictions: int) -> tuple[jax.Array, jax.Array]:
+  """Chooses ``prediction_budget`` candidates of one row uniformly at random.
+
+  Every subset of the right size is equally likely: candidates get i.i.d.
+  uniform scores and the ``budget`` highest are taken.
+
+  Args:
+    rng: key for this row.
+    candidates: bool [L], True where a token may be chosen.
+    rate: fraction of candidates to choose (``config.mask_rate``).
+    max_predictions: P (``config.max_predictions_per_seq``), <= L.
+
+  Returns:
+    positions int32 [P] ascending (unused slots 0), weights float32 [P].
+  """
+  seq_len = candidates.shape[-1]
+  _check_slots(seq_len, max_predictions)
+  budget = prediction_budget(
+      jnp.sum(candidates, dtype=jnp.int32), seq_len, rate, max_predictions)
+  scores = jnp.where(candidates, jax.random.uniform(rng, (seq_len,)), -1.0)
+  _, ranked = jax.lax.top_k(scores, max_predictions)
+  taken = jnp.arange(max_predictions) < budget
+  chosen = jnp.zeros((seq_len,), bool).at[ranked].set(taken)
+  return first_positions(chosen, max_predictions)
+
+
+def choose_whole_words(rng: jax.Array, candidates: jax.Array,
+                       word_starts: jax.Array, *, rate: float,
+                       max_predictions: int) -> tuple[jax.Array, jax.Array]:
+  """Chooses whole words of one row; all sub-tokens of a word share its fate.
+
+  The rule: a word is a run of tokens from one ``word_starts`` True to the
+  next; its size is its number of candidate tokens (words of special tokens
+  have size 0 and are never taken). The token budget is
+  ``prediction_budget(number of candidate tokens)``, as in token masking.
+  Words are visited in a uniformly random order and taken while the running
+  token count stays within the budget; the first word that would overflow
+  ends the choice. So the chosen count is at most the budget and at least
+  ``budget - (size of that word) + 1`` -- slightly fewer tokens than token
+  masking on average, in exchange for a fully parallel rule (BERT's script
+  instead skips an overflowing word and keeps looking, which is sequential).
+
+  Args:
+    rng: key for this row.
+    candidates: bool [L], True where a token may be chosen.
+    word_starts: bool [L], True at the first sub-token of each word.
+    rate: fraction of candidate tokens to choose.
+    max_predictions: P, <= L.
+
+  Returns:
+    positions int32 [P] ascending (unused slots 0), weights float32 [P].
+  """
+  seq_len = candidates.shape[-1]
+  _check_slots(seq_len, max_predictions)
+  budget = prediction_budget(
+      jnp.sum(candidates, dtype=jnp.int32), seq_len, rate, max_predictions)
+  # Word index of every token; tokens before the first start join word 0.
+  word = jnp.maximum(jnp.cumsum(word_starts.astype(jnp.int32)) - 1, 0)
+  size = jax.ops.segment_sum(
+      candidates.astype(jnp.int32), word, num_segments=seq_len)
+  scores = jnp.where(size > 0, jax.random.uniform(rng, (seq_len,)), -1.0)
+  order = jnp.argsort(-scores)
+  running = jnp.cumsum(size[order])
+  take_in_order = (running <= budget) & (size[order] > 0)
+  take_word = jnp.zeros((seq_len,), bool).at[order].set(take_in_order)
+  return first_positions(candidates & take_word[word], max_predictions)
+
+
+def replace_tokens(rng: jax.Array, tokens: jax.Array, positions: jax.Array,
+                   weights: jax.Array, *, vocab_size: int,
+                   mask_token_rate: float,
+                   random_token_rate: float) -> jax.Array:
+  """BERT's 80/10/10 replacement at the chosen positions of one row.
+
+  Each used slot independently becomes [MASK] with probability
+  ``mask_token_rate``, a uniformly random non-special id (in
+  ``[NUM_SPECIAL_TOKENS, vocab_size)``) with probability ``random_token_rate``,
+  and keeps its token otherwise.
+
+  Args:
+    rng: key for this row.
+    tokens: int32 [L].
+    positions: int32 [P], weights float32 [P] from a chooser.
+    vocab_size: V.
+    mask_token_rate, random_token_rate: the two replacement probabilities.
+
+  Returns:
+    int32 [L], the corrupted row.
+  """
+  seq_len = tokens.shape[-1]
+  num_slots = positions.shape[-1]
+  pick_key, id_key = jax.random.split(rng)
+  u = jax.random.uniform(pick_key, (num_slots,))
+  random_ids = jax.random.randint(
+      id_key, (num_slots,), batch_lib.NUM_SPECIAL_TOKENS, vocab_size,
+      dtype=jnp.int32)
+  original = tokens[positions]
+  new = jnp.where(
+      u < mask_token_rate, batch_lib.MASK_ID,
+      jnp.where(u < mask_token_rate + random_token_rate, random_ids, original))
+  # Unused slots point at 0; send them out of range so they cannot race a
+  # real write to position 0.
+  target = jnp.where(weights > 0, positions, seq_len)
+  return tokens.at[target].set(new.astype(tokens.dtype), mode="drop")

@@ -1,0 +1,50 @@
+"""Optimizer and learning-rate schedule (optax).
+
+BERT's recipe: AdamW (β1 0.9, β2 0.999, ε 1e-6), weight decay 0.01 on every
+parameter except LayerNorm parameters and biases, gradient clipping to global
+norm 1.0, linear warmup to the peak learning rate then linear decay to zero.
+All numbers come from the config; RoBERTa and others only change fields.
+"""
+
+from __future__ import annotations
+
+import jax
+import optax
+
+
+def learning_rate_schedule(config) -> optax.Schedule:
+  """Linear warmup over ``warmup_steps`` to ``learning_rate``, then linear to 0."""
+  warmup = max(int(config.warmup_steps), 0)
+  total = max(int(config.num_train_steps), warmup + 1)
+  return optax.join_schedules([
+      optax.linear_schedule(0.0, config.learning_rate, max(warmup, 1)),
+      optax.linear_schedule(config.learning_rate, 0.0, total - warmup),
+  ], [warmup])
+
+
+def decay_mask(params):
+  """True for parameters that get weight decay: not biases, not LayerNorm."""
+
+  def decays(path, _):
+    names = [str(getattr(k, "key", k)) for k in path]
+    if names[-1] == "bias":
+      return False
+    return not any("layernorm" in n.lower() or n.lower().startswith("ln")
+                   for n in names[:-1]) and names[-1] != "scale"
+
+  return jax.tree_util.tree_map_with_path(decays, params)
+
+
+def make_optimizer(config) -> optax.GradientTransformation:
+  """The config's optimizer: clip, AdamW with the decay mask, scheduled lr."""
+  return optax.chain(
+      optax.clip_by_global_norm(config.grad_clip_norm),
+      optax.adamw(
+          learning_rate=learning_rate_schedule(config),
+          b1=config.adam_b1,
+          b2=config.adam_b2,
+          eps=config.adam_eps,
+          weight_decay=config.weight_decay,
+          mask=decay_mask,
+      ),
+  )

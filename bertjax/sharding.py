@@ -1,0 +1,96 @@
+"""The device mesh and the one table mapping logical axis names to mesh axes.
+
+Mesh axes:
+  data    pure data parallelism: parameters replicated, batch split.
+  fsdp    data parallelism with parameters and optimizer state split as well
+          (ZeRO-3 style): the batch is split over it too.
+  tensor  tensor parallelism: attention heads, MLP and vocabulary split.
+
+Every parameter of a bertjax model carries logical names (``vocab``, ``embed``,
+``mlp``, ``heads``, ``kv``, ``position``, ``type``, ``layers``); activations use
+``batch``, ``length`` and the same feature names. ``LOGICAL_RULES`` is the only
+place that says where each goes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+LOGICAL_RULES: tuple[tuple[str, Any], ...] = (
+    ("batch", ("data", "fsdp")),
+    ("length", None),
+    ("embed", "fsdp"),
+    ("vocab", "tensor"),
+    ("mlp", "tensor"),
+    ("heads", "tensor"),
+    ("kv", None),
+    ("position", None),
+    ("type", None),
+    ("layers", None),
+)
+
+
+def parse_mesh_shape(spec: str, num_devices: int) -> tuple[int, int, int]:
+  """Parses ``config.mesh_shape`` ("data,fsdp,tensor", one entry may be -1).
+
+  Raises:
+    ValueError: if the string is malformed or does not multiply out to the
+      number of devices.
+  """
+  try:
+    dims = [int(x) for x in str(spec).split(",")]
+  except ValueError:
+    dims = []
+  if len(dims) != len(MESH_AXES) or dims.count(-1) > 1 or any(
+      d == 0 or d < -1 for d in dims):
+    raise ValueError(
+        f"config.mesh_shape={spec!r} is not three sizes for "
+        f"{','.join(MESH_AXES)}; set e.g. --config.mesh_shape=-1,1,1 "
+        "(-1 = the remaining devices).")
+  known = math.prod(d for d in dims if d != -1)
+  if -1 in dims:
+    if num_devices % known:
+      raise ValueError(
+          f"config.mesh_shape={spec!r} does not divide the {num_devices} "
+          "devices; choose sizes whose product divides the device count.")
+    dims[dims.index(-1)] = num_devices // known
+  if math.prod(dims) != num_devices:
+    raise ValueError(
+        f"config.mesh_shape={spec!r} uses {math.prod(dims)} devices but "
+        f"{num_devices} are present; make the product equal the device count "
+        "or use -1 for one axis.")
+  return tuple(dims)  # type: ignore[return-value]
+
+
+def make_mesh(spec: str, devices: list[jax.Device] | None = None) -> Mesh:
+  """A Mesh with axes MESH_AXES over ``devices`` (default: all devices)."""
+  devices = list(jax.devices() if devices is None else devices)
+  shape = parse_mesh_shape(spec, len(devices))
+  return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
+
+
+def batch_parallelism(mesh: Mesh) -> int:
+  """How many ways the batch dimension is split on ``mesh``."""
+  return mesh.shape["data"] * mesh.shape["fsdp"]
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Sharding of every Batch field: leading (batch) dimension split."""
+  return NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, PartitionSpec())
+
+
+def logical_to_sharding(spec_tree: Any, mesh: Mesh) -> Any:
+  """Maps a tree of logical PartitionSpecs to NamedShardings on ``mesh``."""
+  from flax import linen as nn  # local: keeps this module importable without flax
+  return nn.logical_to_mesh_sharding(spec_tree, mesh, LOGICAL_RULES)

@@ -1,0 +1,82 @@
+"""Train state and its sharded initialisation.
+
+Initialisation never materialises an unsharded copy: the state's shapes and
+logical axis names come from ``jax.eval_shape``, the rules table turns them
+into shardings, and the jitted init writes each shard on its device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import optax
+from flax import linen as nn
+from jax.sharding import Mesh, PartitionSpec
+
+from bertjax import sharding
+
+
+@flax.struct.dataclass
+class TrainState:
+  """Everything the train step updates. A pytree of arrays only."""
+  step: jax.Array  # int32 scalar: optimizer steps taken
+  params: Any
+  opt_state: Any
+
+
+def dummy_inputs(config, batch_size: int = 1) -> dict[str, jax.Array]:
+  """Model inputs of the right shapes and dtypes, for init and eval_shape."""
+  shape = (batch_size, config.seq_len)
+  return {
+      "tokens": jnp.zeros(shape, jnp.int32),
+      "segment_ids": jnp.zeros(shape, jnp.int32),
+      "positions": jnp.broadcast_to(jnp.arange(config.seq_len, dtype=jnp.int32), shape),
+      "doc_ids": jnp.ones(shape, jnp.int32),
+      "masked_positions": jnp.zeros((batch_size, config.max_predictions_per_seq), jnp.int32),
+  }
+
+
+def _init_params(model: nn.Module, config, rng: jax.Array):
+  """Boxed (nn.Partitioned) parameters, so that their logical names are known."""
+  variables = model.init({"params": rng, "dropout": rng}, dummy_inputs(config),
+                         deterministic=True)
+  return variables["params"]
+
+
+def state_shardings(model: nn.Module, tx: optax.GradientTransformation, config,
+                    mesh: Mesh) -> tuple[TrainState, TrainState]:
+  """Returns (abstract state, NamedSharding tree) of the TrainState."""
+  boxed = jax.eval_shape(lambda r: _init_params(model, config, r), jax.random.key(0))
+  param_specs = nn.get_partition_spec(boxed)
+  abstract_params = nn.meta.unbox(boxed)
+  abstract_opt = jax.eval_shape(tx.init, abstract_params)
+  # Optimizer moments mirror the parameters; counters and other scalars are
+  # replicated.
+  opt_specs = optax.tree_map_params(
+      tx, lambda _, spec: spec, abstract_opt, param_specs,
+      transform_non_params=lambda _: PartitionSpec(),
+      is_leaf=lambda x: isinstance(x, PartitionSpec))
+  specs = TrainState(step=PartitionSpec(), params=param_specs, opt_state=opt_specs)
+  abstract = TrainState(
+      step=jax.ShapeDtypeStruct((), jnp.int32), params=abstract_params,
+      opt_state=abstract_opt)
+  return abstract, sharding.logical_to_sharding(specs, mesh)
+
+
+def create_train_state(model: nn.Module, tx: optax.GradientTransformation, config,
+                       mesh: Mesh) -> tuple[TrainState, TrainState]:
+  """Initialises the state sharded over ``mesh``; returns (state, shardings)."""
+  _, shardings = state_shardings(model, tx, config, mesh)
+
+  def init(rng):
+    params = nn.meta.unbox(_init_params(model, config, rng))
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                      opt_state=tx.init(params))
+
+  rng = jax.random.fold_in(jax.random.key(config.seed), 0x1417)
+  with mesh:
+    state = jax.jit(init, out_shardings=shardings)(rng)
+  return state, shardings

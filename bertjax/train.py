@@ -1,0 +1,189 @@
+"""The train loop: one jitted, sharded train step fed by the host pipeline.
+
+``train_and_evaluate(config, workdir)`` is what ``python -m bertjax.main`` runs
+and what notebooks and tests call. The loop knows nothing about variants: the
+objective (``config.objective``) corrupts the batch and scores the outputs, the
+model (``config.model``) maps inputs to outputs.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import logging
+
+from bertjax import checkpointing
+from bertjax import config_validation
+from bertjax import evaluation
+from bertjax import metrics as metrics_lib
+from bertjax import models
+from bertjax import objectives
+from bertjax import optim
+from bertjax import sharding
+from bertjax import state as state_lib
+from bertjax.data import pipeline
+from bertjax.data import prepare
+
+# Masks must not depend on how the batch is split over devices.
+jax.config.update("jax_threefry_partitionable", True)
+
+_DROPOUT_STREAM = 0xD50  # fold_in constant separating dropout from masking keys
+
+
+def train_step(state: state_lib.TrainState, batch: dict[str, jax.Array],
+               rng: jax.Array, *, model, objective, tx):
+  """One optimizer step. Pure; jitted once by ``make_train_step``.
+
+  Args:
+    state: the TrainState.
+    batch: a global Batch (bertjax/batch.py) of sharded device arrays.
+    rng: the run's root key; per-step keys are ``fold_in(rng, state.step)``.
+
+  Returns:
+    (new state, metrics as {name: (sum, count)}).
+  """
+  inputs, targets = objective.corrupt(rng, batch, state.step)
+  dropout_rng = jax.random.fold_in(
+      jax.random.fold_in(rng, _DROPOUT_STREAM), state.step)
+
+  def loss_fn(params):
+    outputs = model.apply({"params": params}, inputs, deterministic=False,
+                          rngs={"dropout": dropout_rng})
+    return objective.loss(outputs, targets)
+
+  (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  metrics = dict(metrics)
+  metrics["grad_norm"] = (optax.global_norm(grads), jnp.float32(1.0))
+  new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+  return new_state, metrics
+
+
+def make_train_step(model, objective, tx, state_shardings, mesh):
+  """Jits ``train_step`` once with in/out shardings and a donated state."""
+  return jax.jit(
+      functools.partial(train_step, model=model, objective=objective, tx=tx),
+      in_shardings=(state_shardings, sharding.batch_sharding(mesh),
+                    sharding.replicated(mesh)),
+      out_shardings=(state_shardings, sharding.replicated(mesh)),
+      donate_argnums=(0,))
+
+
+def to_global(batch: dict[str, np.ndarray], mesh) -> dict[str, jax.Array]:
+  """Turns this host's share of a batch into global arrays split over ``mesh``."""
+  sh = sharding.batch_sharding(mesh)
+  return {k: jax.make_array_from_process_local_data(sh, v) for k, v in batch.items()}
+
+
+class _Progress:
+  """Formats progress lines: step, loss, accuracies, tokens/s, time left."""
+
+  def __init__(self, config, start_step: int):
+    self._tokens_per_step = config.batch_size * config.seq_len
+    self._total = config.num_train_steps
+    self._t0 = time.time()
+    self._s0 = start_step
+
+  def line(self, step: int, scalars: dict[str, float]) -> str:
+    elapsed = max(time.time() - self._t0, 1e-9)
+    steps_per_sec = (step - self._s0) / elapsed
+    scalars["tokens_per_sec"] = steps_per_sec * self._tokens_per_step
+    left = (self._total - step) / steps_per_sec if steps_per_sec > 0 else float("nan")
+    shown = " ".join(f"{k}={scalars[k]:.4g}" for k in (
+        "loss", "mlm_accuracy", "nsp_accuracy") if k in scalars)
+    return (f"step {step}/{self._total} {shown} "
+            f"tokens/s={scalars['tokens_per_sec']:.0f} "
+            f"time_left={time.strftime('%H:%M:%S', time.gmtime(left)) if left == left else '?'}")
+
+
+def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
+  """Prepares data if needed, trains (resuming from the latest checkpoint),
+  then evaluates on the held-out split.
+
+  Returns:
+    The final evaluation record (also written to ``workdir/eval_<step>.json``).
+  """
+  config_validation.validate(config)
+  workdir = os.path.abspath(workdir)
+  checkpointer = checkpointing.Checkpointer(workdir, keep=config.keep_checkpoints)
+  checkpointer.check_compatible(config)
+  prepared = prepare.prepare(config, prepare.resolve_data_dir(config, workdir))
+  config_validation.check_prepared(config, prepared)
+  mesh = sharding.make_mesh(config.mesh_shape)
+  config_validation.check_mesh(config, mesh)
+
+  model = models.get_model(config)
+  objective = objectives.get_objective(config)
+  tx = optim.make_optimizer(config)
+  schedule = optim.learning_rate_schedule(config)
+  local_batch = config.batch_size // jax.process_count()
+  train_iter = pipeline.make_train_iterator(
+      config, prepared.source(config.train_split), local_batch_size=local_batch,
+      process_index=jax.process_index(), process_count=jax.process_count())
+
+  latest = checkpointer.latest_step()
+  if latest is None:
+    state, shardings = state_lib.create_train_state(model, tx, config, mesh)
+    logging.info("Initialised %s-%s with %d parameters.", config.model,
+                 config.model_size, models.count_params(state.params))
+  else:
+    abstract, shardings = state_lib.state_shardings(model, tx, config, mesh)
+    state, data_state = checkpointer.restore(latest, abstract, shardings)
+    train_iter.set_state(data_state)
+    logging.info("Resuming from step %d.", latest)
+  step = int(jax.device_get(state.step))
+
+  step_fn = make_train_step(model, objective, tx, shardings, mesh)
+  rng = jax.random.key(config.seed)
+  writer = metrics_lib.MetricWriter(workdir)
+  progress = _Progress(config, step)
+  acc, pending = None, None
+  with mesh:
+    while step < config.num_train_steps:
+      batch = to_global(next(train_iter), mesh)
+      state, step_metrics = step_fn(state, batch, rng)
+      step += 1
+      acc = metrics_lib.add(acc, step_metrics)
+      # Metrics are read one step late, so the host never waits for the device.
+      if pending is not None:
+        _write_train_metrics(writer, progress, schedule, *pending)
+        pending = None
+      if step % config.log_every_steps == 0 or step == config.num_train_steps:
+        pending, acc = (step, acc), None
+      if step % config.checkpoint_every_steps == 0 or step == config.num_train_steps:
+        checkpointer.save(step, state, train_iter.get_state(), config)
+      if config.eval_every_steps and step % config.eval_every_steps == 0:
+        record = evaluation.evaluate_params(config, state.params, prepared, mesh, model,
+                                            objective)
+        writer.write(step, record, prefix="eval_")
+    if pending is not None:
+      _write_train_metrics(writer, progress, schedule, *pending)
+  checkpointer.wait()
+
+  record = evaluation.evaluate_params(config, state.params, prepared, mesh, model,
+                                      objective)
+  record = {"step": step, **record}
+  writer.write(step, {k: v for k, v in record.items() if k != "step"}, prefix="eval_")
+  writer.close()
+  checkpointer.close()
+  evaluation.write_record(workdir, record)
+  print(json.dumps(record), flush=True)
+  return record
+
+
+def _write_train_metrics(writer, progress, schedule, step, sums):
+  scalars = metrics_lib.reduce(sums)
+  scalars["learning_rate"] = float(schedule(step - 1))
+  line = progress.line(step, scalars)
+  writer.write(step, scalars)
+  logging.info("%s", line)
+  print(line, flush=True)
