@@ -13,6 +13,7 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+from bertjax import cli
 from bertjax import evaluation
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -30,4 +31,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -11,6 +11,7 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
+from bertjax import cli
 from bertjax import train
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -27,4 +28,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -105,12 +105,20 @@ class _Progress:
             f"time_left={time.strftime('%H:%M:%S', time.gmtime(left)) if left == left else '?'}")
 
 
-def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
+def train_and_evaluate(config, workdir: str, *,
+                       stop_at_step: int | None = None) -> dict[str, Any] | None:
   """Prepares data if needed, trains (resuming from the latest checkpoint),
   then evaluates on the held-out split.
 
+  Args:
+    config: the run's ConfigDict (configs/*.py).
+    workdir: where data (unless config.data_dir), checkpoints and metrics go.
+    stop_at_step: stop early at this step with a checkpoint and no evaluation,
+      as a preempted run would; the next call resumes from there.
+
   Returns:
-    The final evaluation record (also written to ``workdir/eval_<step>.json``).
+    The final evaluation record (also written to ``workdir/eval_<step>.json``),
+    or None when stopped early.
   """
   config_validation.validate(config)
   workdir = os.path.abspath(workdir)
@@ -148,7 +156,9 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   progress = _Progress(config, step)
   acc, pending = None, None
   with mesh:
-    while step < config.num_train_steps:
+    last = config.num_train_steps if stop_at_step is None else min(
+        stop_at_step, config.num_train_steps)
+    while step < last:
       batch = to_global(next(train_iter), mesh)
       state, step_metrics = step_fn(state, batch, rng)
       step += 1
@@ -159,7 +169,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
         pending = None
       if step % config.log_every_steps == 0 or step == config.num_train_steps:
         pending, acc = (step, acc), None
-      if step % config.checkpoint_every_steps == 0 or step == config.num_train_steps:
+      if (step % config.checkpoint_every_steps == 0 or step == last):
         checkpointer.save(step, state, train_iter.get_state(), config)
       if config.eval_every_steps and step % config.eval_every_steps == 0:
         record = evaluation.evaluate_params(config, state.params, prepared, mesh, model,
@@ -168,6 +178,11 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
     if pending is not None:
       _write_train_metrics(writer, progress, schedule, *pending)
   checkpointer.wait()
+  if step < config.num_train_steps:
+    writer.close()
+    checkpointer.close()
+    logging.info("Stopped at step %d with a checkpoint; run again to resume.", step)
+    return None
 
   record = evaluation.evaluate_params(config, state.params, prepared, mesh, model,
                                       objective)

@@ -12,8 +12,8 @@ Every CPython ships two sources of real, offline English text:
 Both are cleaned into prose paragraphs: code blocks (``>>>`` sessions, indented
 code, grammar productions), reST headings/directives and inline markup are
 dropped, so that a tokenizer and a language model see sentences rather than
-code. The result is about 1 MB of text and is identical on every run of the
-same Python version.
+code. The result is about 1.4 MB of text (~460 documents on Python 3.11) and
+is identical on every run of the same Python version.
 """
 
 from __future__ import annotations
@@ -69,13 +69,13 @@ def strip_markup(text: str) -> str:
   return re.sub(r"\s+", " ", text).strip()
 
 
-def _is_prose(lines: list[str]) -> bool:
-  """Whether a paragraph (its raw lines) reads as prose rather than code/markup."""
+def _prose_paragraph(lines: list[str]) -> str | None:
+  """The paragraph's text if its raw lines read as prose, else None (code/markup)."""
   if any(_CODE_PROMPT.match(l) or _HEADING_RULE.match(l) for l in lines):
-    return False
+    return None
   first = lines[0]
   if first.lstrip().startswith(".. ") or "::=" in "".join(lines):
-    return False
+    return None
   # Prose lines share one indentation (a bullet's continuation lines may sit
   # under its text); code has nested indentation.
   indents = {len(l) - len(l.lstrip()) for l in lines[1:]}
@@ -83,15 +83,14 @@ def _is_prose(lines: list[str]) -> bool:
   allowed = {len(first) - len(first.lstrip())}
   if bullet:
     allowed.add(bullet.end())
+    first = first[bullet.end():]
   if not indents <= allowed:
-    return False
-  text = " ".join(l.strip() for l in lines)
-  if bullet:
-    text = text[bullet.end():]
+    return None
+  text = strip_markup(" ".join(l.strip() for l in [first] + lines[1:]))
   if len(_WORD.findall(text)) < 5 or not _PROSE_END.search(text):
-    return False
+    return None
   letters = sum(c.isalpha() or c == " " for c in text)
-  return letters >= 0.85 * len(text)
+  return text if letters >= 0.85 * len(text) else None
 
 
 def clean_text(text: str) -> list[str]:
@@ -112,12 +111,7 @@ def clean_text(text: str) -> list[str]:
     # A paragraph that introduces a literal block ("...::") keeps its prose.
     if lines[-1].rstrip().endswith("::"):
       lines[-1] = lines[-1].rstrip()[:-1]
-    if not _is_prose(lines):
-      continue
-    bullet = _BULLET.match(lines[0])
-    if bullet:
-      lines[0] = lines[0][bullet.end():]
-    paragraph = strip_markup(" ".join(l.strip() for l in lines))
+    paragraph = _prose_paragraph(lines)
     if paragraph:
       out.append(paragraph)
   return out

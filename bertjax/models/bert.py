@@ -15,7 +15,7 @@ The MLM decoder is tied to the word embeddings: logits = transform(h) @ E.T + b.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import flax.linen as nn
 import jax
@@ -76,24 +76,39 @@ class BertEmbeddings(nn.Module):
                       preferred_element_type=jnp.float32)
 
 
-class MlmTransform(nn.Module):
-  """The MLM head's dense(H) -> GELU -> LayerNorm before the tied decoder.
+class MlmHead(nn.Module):
+  """Masked-LM head: dense(H) -> GELU -> LayerNorm -> tied decoder + bias.
 
   Attributes:
+    vocab_size: size of the output bias (logical axis 'vocab').
     dtype: compute dtype.
   """
+  vocab_size: int
   dtype: Dtype = jnp.float32
 
   @nn.compact
-  def __call__(self, x: jax.Array) -> jax.Array:
-    """Maps [..., embed] to [..., embed] (dtype)."""
+  def __call__(self, x: jax.Array,
+               decode: Callable[[jax.Array], jax.Array]) -> jax.Array:
+    """Scores hidden states against the vocabulary.
+
+    Args:
+      x: [..., embed] hidden states at the predicted positions.
+      decode: the tied decoder, [..., embed] -> float32 [..., vocab]
+        (``BertEmbeddings.attend``).
+
+    Returns:
+      float32 [..., vocab] logits.
+    """
     # A square [embed, embed] kernel: naming both axes 'embed' would map two
     # dimensions to one mesh axis, so the output axis stays unsharded.
     x = nn.Dense(x.shape[-1], dtype=self.dtype, param_dtype=jnp.float32,
                  kernel_init=layers.kernel_init("embed", None),
                  bias_init=layers.zeros_init(None), name="dense")(x)
     x = nn.gelu(x, approximate=False)
-    return layers.layer_norm(self.dtype, "layer_norm")(x)
+    x = layers.layer_norm(self.dtype, "layer_norm")(x)
+    bias = self.param("output_bias", layers.zeros_init("vocab"),
+                      (self.vocab_size,), jnp.float32)
+    return decode(x) + bias
 
 
 class BertForPretraining(nn.Module):
@@ -131,9 +146,7 @@ class BertForPretraining(nn.Module):
         self.hidden_size, dtype=self.dtype, param_dtype=jnp.float32,
         kernel_init=layers.kernel_init("embed", None),
         bias_init=layers.zeros_init(None))
-    self.mlm_transform = MlmTransform(dtype=self.dtype)
-    self.mlm_bias = self.param("mlm_bias", layers.zeros_init("vocab"),
-                               (self.vocab_size,), jnp.float32)
+    self.mlm_head = MlmHead(vocab_size=self.vocab_size, dtype=self.dtype)
     # Two logits: a float32 head is cheap and keeps the loss input exact.
     self.nsp = nn.Dense(
         2, dtype=jnp.float32, param_dtype=jnp.float32,
@@ -176,8 +189,7 @@ class BertForPretraining(nn.Module):
       float32 [batch, predictions, vocab].
     """
     x = jnp.take_along_axis(hidden, masked_positions[:, :, None], axis=1)
-    x = self.mlm_transform(x)
-    return self.embeddings.attend(x) + self.mlm_bias
+    return self.mlm_head(x, self.embeddings.attend)
 
 
 def from_config(config: ml_collections.ConfigDict,

@@ -43,8 +43,8 @@ def example_keys(rng: jax.Array, example_id: jax.Array, epoch: jax.Array,
   key every step.
 
   Args:
-    rng: a key (typed or raw); the caller folds in its own stream tag first so
-      that different decisions (masks, NSP negatives) are independent.
+    rng: a key (typed or raw), kept apart from the caller's other streams
+      (e.g. by splitting the root key first).
     example_id: int32 [B, 2] (document index, instance index).
     epoch: int32 [B].
     step: int32 scalar.
@@ -56,12 +56,11 @@ def example_keys(rng: jax.Array, example_id: jax.Array, epoch: jax.Array,
   """
   check_masking_mode(masking)
   doc, instance = example_id[:, 0], example_id[:, 1]
+  fold_one = jax.vmap(jax.random.fold_in, in_axes=(None, 0))
   fold = jax.vmap(jax.random.fold_in)
   if masking == "static":
-    base = jnp.broadcast_to(rng, doc.shape)
-    return fold(fold(fold(base, doc), instance), jnp.mod(epoch, dupe_factor))
-  base = jnp.broadcast_to(jax.random.fold_in(rng, step), doc.shape)
-  return fold(fold(base, doc), instance)
+    return fold(fold(fold_one(rng, doc), instance), jnp.mod(epoch, dupe_factor))
+  return fold(fold_one(jax.random.fold_in(rng, step), doc), instance)
 
 
 def prediction_budget(num_candidates: jax.Array, seq_len: int, rate: float,
@@ -207,11 +206,14 @@ def replace_tokens(rng: jax.Array, tokens: jax.Array, positions: jax.Array,
   """
   seq_len = tokens.shape[-1]
   num_slots = positions.shape[-1]
-  pick_key, id_key = jax.random.split(rng)
-  u = jax.random.uniform(pick_key, (num_slots,))
-  random_ids = jax.random.randint(
-      id_key, (num_slots,), batch_lib.NUM_SPECIAL_TOKENS, vocab_size,
-      dtype=jnp.int32)
+  # One draw of random bits serves both decisions (fewer threefry calls to
+  # compile than split + uniform + randint): 24 bits give the uniform, the
+  # modulo of 32 bits the random id (bias < V / 2**32, negligible).
+  bits = jax.random.bits(rng, (2, num_slots), jnp.uint32)
+  u = (bits[0] >> 8).astype(jnp.float32) / float(1 << 24)
+  random_ids = batch_lib.NUM_SPECIAL_TOKENS + (
+      bits[1] % jnp.uint32(vocab_size - batch_lib.NUM_SPECIAL_TOKENS)
+  ).astype(jnp.int32)
   original = tokens[positions]
   new = jnp.where(
       u < mask_token_rate, batch_lib.MASK_ID,

@@ -1,0 +1,179 @@
+"""SentencePiece tokenizers trained by bertjax, with BERT's special tokens at fixed ids.
+
+Every tokenizer bertjax trains puts the special tokens at the ids of
+``bertjax/batch.py``: [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4. [CLS],
+[SEP] and [MASK] are sentencepiece *control* symbols, so no input text can ever
+encode to them; the packer places them. BOS/EOS are disabled.
+
+A tokenizer is identified by its ``fingerprint``: the sha256 of the ``.model``
+file. Prepared shards record it, so that shards and tokenizer cannot be mixed up.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import re
+from typing import Iterable
+
+import numpy as np
+import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2
+
+from bertjax import batch as batch_lib
+
+MODEL_TYPES = ("unigram", "bpe")
+# Sentencepiece marks the start of a word (a piece preceded by whitespace) with this.
+WORD_START = "\u2581"
+# Fixed seed of sentencepiece's trainer: the same corpus gives the same model.
+_TRAIN_SEED = 0
+# Trainer input cap: sentencepiece holds its input in memory; the first this
+# many sentences (in corpus order, so deterministic) are plenty for a vocab.
+MAX_TRAIN_SENTENCES = 2_000_000
+_TOO_HIGH = re.compile(r"Vocabulary size too high \((\d+)\).*?<= (\d+)", re.S)
+
+
+def file_fingerprint(path: str) -> str:
+  """sha256 hex digest of a file's bytes."""
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+      digest.update(chunk)
+  return digest.hexdigest()
+
+
+def model_type_of(path: str) -> str:
+  """The sentencepiece model type ('unigram', 'bpe', ...) stored in a .model file."""
+  proto = sentencepiece_model_pb2.ModelProto()
+  with open(path, "rb") as f:
+    proto.ParseFromString(f.read())
+  return sentencepiece_model_pb2.TrainerSpec.ModelType.Name(
+      proto.trainer_spec.model_type).lower()
+
+
+class Tokenizer:
+  """A trained sentencepiece model with bertjax's fixed special-token ids.
+
+  Attributes:
+    path: the ``.model`` file.
+    vocab_size: number of ids, special tokens included.
+    fingerprint: sha256 of the ``.model`` file.
+  """
+
+  def __init__(self, model_path: str):
+    if not os.path.exists(model_path):
+      raise ValueError(
+          f"Tokenizer model {model_path} does not exist; run `python -m "
+          f"bertjax.prepare` with the same --config to train it.")
+    self.path = model_path
+    self._sp = spm.SentencePieceProcessor(model_file=model_path)
+    self.vocab_size = self._sp.get_piece_size()
+    self.fingerprint = file_fingerprint(model_path)
+    for want, piece in enumerate(batch_lib.SPECIAL_TOKENS):
+      if self._sp.id_to_piece(want) != piece:
+        raise ValueError(
+            f"Tokenizer {model_path} has {self._sp.id_to_piece(want)!r} at id "
+            f"{want} instead of {piece!r}; point --config.data_dir at a new "
+            f"directory so that bertjax trains a tokenizer with its special ids.")
+    # Per-id lookup table: does this piece start a word?
+    self._word_start = np.array(
+        [self._sp.id_to_piece(i).startswith(WORD_START)
+         for i in range(self.vocab_size)], dtype=bool)
+
+  def encode(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+    """Tokenizes one text.
+
+    Returns:
+      ids: int32 [n] token ids (never a control id; [UNK] for unknown characters).
+      word_starts: bool [n], True where the piece begins a word ('\u2581...').
+    """
+    ids = np.asarray(self._sp.encode(text), dtype=np.int32)
+    return ids, self._word_start[ids]
+
+  def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+    """Tokenizes many texts at once; returns one int32 [n_i] array per text."""
+    return [np.asarray(ids, dtype=np.int32) for ids in self._sp.encode(texts)]
+
+  def word_starts(self, ids: np.ndarray) -> np.ndarray:
+    """bool [n]: whether each id's piece begins a word."""
+    return self._word_start[np.asarray(ids)]
+
+  def decode(self, ids: Iterable[int]) -> str:
+    """Text of a sequence of ids (control symbols decode to nothing)."""
+    return self._sp.decode([int(i) for i in ids])
+
+  def id_to_piece(self, i: int) -> str:
+    """The piece string of an id (e.g. '\u2581the', '[MASK]')."""
+    return self._sp.id_to_piece(int(i))
+
+  def piece_to_id(self, piece: str) -> int:
+    """The id of a piece string ([UNK]'s id if the piece is not in the vocab)."""
+    return self._sp.piece_to_id(piece)
+
+
+def train(sentences: Iterable[str], model_path: str, vocab_size: int,
+          model_type: str = "unigram") -> Tokenizer:
+  """Trains a sentencepiece model on sentences and writes it to ``model_path``.
+
+  Training is deterministic (fixed seed, one thread, corpus order), so the same
+  sentences give a byte-identical model and fingerprint.
+
+  Args:
+    sentences: training text, one sentence per item.
+    model_path: where to write the ``.model`` file (written atomically).
+    vocab_size: exact number of ids, the 5 special tokens included.
+    model_type: 'unigram' or 'bpe'.
+
+  Returns:
+    The trained Tokenizer.
+  """
+  if model_type not in MODEL_TYPES:
+    raise ValueError(
+        f"Unknown tokenizer type {model_type!r}; set --config.tokenizer to one "
+        f"of {', '.join(MODEL_TYPES)}.")
+  if vocab_size <= batch_lib.NUM_SPECIAL_TOKENS + 1:
+    raise ValueError(
+        f"vocab_size={vocab_size} leaves no room for text pieces; set "
+        f"--config.vocab_size above {batch_lib.NUM_SPECIAL_TOKENS + 1}.")
+
+  def capped():
+    for i, sentence in enumerate(sentences):
+      if i >= MAX_TRAIN_SENTENCES:
+        return
+      if sentence.strip():
+        yield sentence
+
+  spm.set_random_generator_seed(_TRAIN_SEED)
+  model = io.BytesIO()
+  try:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=capped(),
+        model_writer=model,
+        model_type=model_type,
+        vocab_size=vocab_size,
+        pad_id=batch_lib.PAD_ID, pad_piece="[PAD]",
+        unk_id=batch_lib.UNK_ID, unk_piece="[UNK]",
+        bos_id=-1, eos_id=-1,
+        # Control symbols take the next free ids in order: 2, 3, 4.
+        control_symbols=list(batch_lib.SPECIAL_TOKENS[2:]),
+        num_threads=1,
+        minloglevel=2)
+  except RuntimeError as e:
+    too_high = _TOO_HIGH.search(str(e))
+    if too_high:
+      raise ValueError(
+          f"The training corpus is too small for a {model_type} vocabulary of "
+          f"{vocab_size}; set --config.vocab_size to at most {too_high.group(2)} "
+          f"(or add text).") from None
+    if "empty" in str(e).lower() or "no sentence" in str(e).lower():
+      raise ValueError(
+          "The tokenizer's training corpus is empty; check --config.dataset / "
+          "--config.text_files.") from None
+    raise
+  os.makedirs(os.path.dirname(os.path.abspath(model_path)), exist_ok=True)
+  tmp_path = f"{model_path}.tmp-{os.getpid()}"
+  with open(tmp_path, "wb") as f:
+    f.write(model.getvalue())
+  os.replace(tmp_path, model_path)
+  return Tokenizer(model_path)

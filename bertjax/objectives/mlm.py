@@ -1,0 +1,150 @@
+"""Masked language modelling: in-step corruption of a batch and its loss.
+
+``mask_batch`` chooses and replaces tokens of every row (``vmap`` over rows,
+one key per example, see ``masking.example_keys``); ``mlm_loss`` scores the
+model's logits at the chosen positions. Both are pure and jittable with
+static shapes, and meant to be reused by every MLM-based objective.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from bertjax import batch as batch_lib
+from bertjax.objectives import masking
+
+Metrics = dict[str, tuple[jax.Array, jax.Array]]
+
+
+@dataclasses.dataclass(frozen=True)
+class MlmSettings:
+  """The MLM fields of a config, validated.
+
+  Attributes:
+    vocab_size: V, ids in [0, V).
+    mask_rate: fraction of candidate tokens chosen for prediction.
+    max_predictions: P, static number of prediction slots per row.
+    mask_token_rate: of the chosen, fraction replaced by [MASK].
+    random_token_rate: of the chosen, fraction replaced by a random token.
+    whole_word: choose whole words (``masking.choose_whole_words``).
+  """
+  vocab_size: int
+  mask_rate: float
+  max_predictions: int
+  mask_token_rate: float
+  random_token_rate: float
+  whole_word: bool
+
+  @classmethod
+  def from_config(cls, config: Any) -> "MlmSettings":
+    """Reads and checks the MLM fields; raises ValueError naming the field."""
+    settings = cls(
+        vocab_size=int(config.vocab_size),
+        mask_rate=float(config.mask_rate),
+        max_predictions=int(config.max_predictions_per_seq),
+        mask_token_rate=float(config.mask_token_rate),
+        random_token_rate=float(config.random_token_rate),
+        whole_word=bool(config.whole_word_masking))
+    if settings.vocab_size <= batch_lib.NUM_SPECIAL_TOKENS:
+      raise ValueError(
+          f"vocab_size={settings.vocab_size} leaves no ordinary tokens after "
+          f"the {batch_lib.NUM_SPECIAL_TOKENS} special ids; raise "
+          f"--config.vocab_size.")
+    if not 0.0 < settings.mask_rate < 1.0:
+      raise ValueError(
+          f"mask_rate={settings.mask_rate} must lie strictly between 0 and 1; "
+          f"fix --config.mask_rate.")
+    if not 1 <= settings.max_predictions <= int(config.seq_len):
+      raise ValueError(
+          f"max_predictions_per_seq={settings.max_predictions} must be in "
+          f"[1, seq_len={config.seq_len}]; fix "
+          f"--config.max_predictions_per_seq.")
+    rates = (settings.mask_token_rate, settings.random_token_rate)
+    if min(rates) < 0.0 or sum(rates) > 1.0:
+      raise ValueError(
+          f"mask_token_rate={rates[0]} and random_token_rate={rates[1]} must "
+          f"be non-negative and sum to at most 1; fix --config.mask_token_rate "
+          f"or --config.random_token_rate.")
+    return settings
+
+
+def mask_batch(keys: jax.Array, tokens: jax.Array, special: jax.Array,
+               word_starts: jax.Array, example_mask: jax.Array,
+               settings: MlmSettings) -> dict[str, jax.Array]:
+  """Chooses and corrupts MLM positions in every row.
+
+  Candidates are the non-special tokens of real examples (``example_mask``
+  True); padding examples get no predictions.
+
+  Args:
+    keys: [B] one key per example (``masking.example_keys``).
+    tokens: int32 [B, L].
+    special: bool [B, L], True where a token must never be chosen.
+    word_starts: bool [B, L], used when ``settings.whole_word``.
+    example_mask: bool [B].
+    settings: MlmSettings.
+
+  Returns:
+    dict with tokens int32 [B, L] (corrupted), masked_positions int32 [B, P],
+    mlm_targets int32 [B, P] (original ids, 0 in unused slots) and
+    mlm_weights float32 [B, P] (1 for used slots).
+  """
+  candidates = ~special & example_mask[:, None]
+
+  def one_row(key, row_tokens, row_candidates, row_starts):
+    choose_key, replace_key = jax.random.split(key)
+    if settings.whole_word:
+      positions, weights = masking.choose_whole_words(
+          choose_key, row_candidates, row_starts, rate=settings.mask_rate,
+          max_predictions=settings.max_predictions)
+    else:
+      positions, weights = masking.choose_positions(
+          choose_key, row_candidates, rate=settings.mask_rate,
+          max_predictions=settings.max_predictions)
+    corrupted = masking.replace_tokens(
+        replace_key, row_tokens, positions, weights,
+        vocab_size=settings.vocab_size,
+        mask_token_rate=settings.mask_token_rate,
+        random_token_rate=settings.random_token_rate)
+    targets = jnp.where(weights > 0, row_tokens[positions], 0)
+    return corrupted, positions, targets.astype(jnp.int32), weights
+
+  corrupted, positions, targets, weights = jax.vmap(one_row)(
+      keys, tokens, candidates, word_starts)
+  return {
+      "tokens": corrupted,
+      "masked_positions": positions,
+      "mlm_targets": targets,
+      "mlm_weights": weights,
+  }
+
+
+def mlm_loss(mlm_logits: jax.Array, mlm_targets: jax.Array,
+             mlm_weights: jax.Array) -> tuple[jax.Array, Metrics]:
+  """Weighted mean cross-entropy over the used prediction slots.
+
+  Args:
+    mlm_logits: float [B, P, V] (any float dtype; scored in float32).
+    mlm_targets: int32 [B, P].
+    mlm_weights: float32 [B, P].
+
+  Returns:
+    (scalar float32 loss, {'mlm_loss': (sum, count), 'mlm_accuracy':
+    (sum, count)}), count being the number of used slots.
+  """
+  log_probs = jax.nn.log_softmax(mlm_logits.astype(jnp.float32), axis=-1)
+  nll = -jnp.take_along_axis(log_probs, mlm_targets[..., None], axis=-1)[..., 0]
+  weights = mlm_weights.astype(jnp.float32)
+  count = jnp.sum(weights)
+  loss_sum = jnp.sum(nll * weights)
+  correct = (jnp.argmax(log_probs, axis=-1) == mlm_targets).astype(jnp.float32)
+  metrics = {
+      "mlm_loss": (loss_sum, count),
+      "mlm_accuracy": (jnp.sum(correct * weights), count),
+  }
+  return loss_sum / jnp.maximum(count, 1.0), metrics
+

@@ -1,0 +1,183 @@
+"""Next-sentence prediction: negatives made inside the step, and the NSP loss.
+
+Rows of the sentence-pair layout are exactly ``[CLS] A [SEP] B [SEP] PAD...``
+with ``a_lengths``/``b_lengths`` (bertjax/batch.py), so a negative is an array
+transform: keep the row's A, borrow the B of another example of the batch
+that comes from a different document. ``pair_with_b_from`` is that pure
+rebuild; sentence-order variants (ALBERT's SOP) sit next to it.
+
+Labels: 0 = "B is the next sentence" (row unchanged), 1 = "B is random"
+(B borrowed), as in BERT's reference data script.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import jax
+import jax.numpy as jnp
+
+from bertjax import batch as batch_lib
+
+Metrics = dict[str, tuple[jax.Array, jax.Array]]
+
+# Fields whose rows are rebuilt; the others (a_lengths, example_id, epoch,
+# example_mask) keep their values.
+_ROW_FIELDS = ("tokens", "segment_ids", "positions", "doc_ids", "word_starts",
+               "special")
+
+
+def pair_with_b_from(batch: Mapping[str, jax.Array], partner_index: jax.Array,
+                     use_partner: jax.Array) -> dict[str, jax.Array]:
+  """Replaces the B segment of chosen rows with the B of a partner row.
+
+  A row i with ``use_partner[i]`` becomes ``[CLS] A_i [SEP] B_p [SEP] PAD...``
+  (p = ``partner_index[i]``), with B_p cut to its first
+  ``seq_len - 3 - a_lengths[i]`` tokens when it would not fit, so the final
+  [SEP] is always kept. Tokens and word starts come from gathers; the rest
+  follows the packer's layout (bertjax/data/packing.py): segment ids 0 up to
+  the first [SEP], 1 for B and the last [SEP], 0 on padding; positions
+  0..L-1; doc ids 1, 0 on padding; special at CLS, SEP and padding; word
+  starts True at CLS and SEP, False on padding. Rows with ``use_partner``
+  False are returned unchanged.
+
+  Args:
+    batch: a Batch of the sentence-pair layout; arrays [B, L] and [B].
+    partner_index: int32 [B], the row whose B to borrow.
+    use_partner: bool [B].
+
+  Returns:
+    A new Batch dict (same keys, shapes and dtypes) with ``b_lengths`` updated.
+  """
+  tokens = batch["tokens"]
+  seq_len = tokens.shape[1]
+  t = jnp.arange(seq_len, dtype=jnp.int32)[None, :]
+  a_len = batch["a_lengths"][:, None]
+  partner_a = batch["a_lengths"][partner_index][:, None]
+  new_b = jnp.minimum(batch["b_lengths"][partner_index],
+                      seq_len - 3 - batch["a_lengths"])
+  b_start = a_len + 2
+  b_end = b_start + new_b[:, None]  # where the final [SEP] goes
+
+  in_a = (t >= 1) & (t <= a_len)
+  in_b = (t >= b_start) & (t < b_end)
+  is_sep = (t == a_len + 1) | (t == b_end)
+  is_pad = t > b_end
+  is_word = (t == 0) | is_sep  # CLS and SEP are one-token words
+  # Column of the partner's row that lands at t (only read inside B).
+  source = jnp.where(in_b, t - b_start + partner_a + 2, t)
+
+  def from_partner(name):
+    return jnp.take_along_axis(batch[name][partner_index], source, axis=1)
+
+  filler = jnp.where(t == 0, batch_lib.CLS_ID,
+                     jnp.where(is_sep, batch_lib.SEP_ID, batch_lib.PAD_ID))
+  rebuilt = {
+      "tokens": jnp.where(in_b, from_partner("tokens"),
+                          jnp.where(in_a, tokens, filler)),
+      "word_starts": jnp.where(in_b, from_partner("word_starts"),
+                               jnp.where(in_a, batch["word_starts"], is_word)),
+      "special": ~(in_a | in_b),
+      "segment_ids": (in_b | (t == b_end)).astype(jnp.int32),
+      "positions": jnp.broadcast_to(t, tokens.shape),
+      "doc_ids": jnp.where(is_pad, 0, 1),
+  }
+  out = dict(batch)
+  for name in _ROW_FIELDS:
+    out[name] = jnp.where(use_partner[:, None], rebuilt[name],
+                          batch[name]).astype(batch[name].dtype)
+  out["b_lengths"] = jnp.where(use_partner, new_b,
+                               batch["b_lengths"]).astype(jnp.int32)
+  return out
+
+
+def choose_partners(rng: jax.Array, example_id: jax.Array,
+                    example_mask: jax.Array,
+                    b_lengths: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """For every example, a random partner from a different document.
+
+  Partners are drawn uniformly among the real examples (``example_mask``) of
+  the batch with a non-empty B whose document (``example_id[:, 0]``) differs.
+  The score of pair (i, j) comes from a key folded from both example ids, so
+  the chosen partner's identity does not depend on where the two examples sit
+  in the batch (nor on the number of devices).
+
+  Args:
+    rng: key for this step (e.g. ``fold_in(root, step)``).
+    example_id: int32 [B, 2].
+    example_mask: bool [B].
+    b_lengths: int32 [B].
+
+  Returns:
+    partner_index int32 [B], has_partner bool [B] (False: no valid partner,
+    partner_index is then meaningless).
+  """
+  doc, instance = example_id[:, 0], example_id[:, 1]
+  fold = jax.vmap(jax.random.fold_in)
+  fold_one = jax.vmap(jax.random.fold_in, in_axes=(None, 0))
+  row_keys = fold(fold_one(rng, doc), instance)
+
+  def row_scores(key):
+    pair_keys = fold(fold_one(key, doc), instance)
+    return jax.vmap(jax.random.uniform)(pair_keys)
+
+  scores = jax.vmap(row_scores)(row_keys)  # [B, B]
+  valid = ((doc[:, None] != doc[None, :]) & example_mask[None, :]
+           & (b_lengths[None, :] > 0))
+  partner = jnp.argmax(jnp.where(valid, scores, -1.0), axis=1)
+  return partner.astype(jnp.int32), jnp.any(valid, axis=1)
+
+
+def make_negatives(
+    decision_keys: jax.Array, partner_rng: jax.Array,
+    batch: Mapping[str, jax.Array],
+    negative_rate: float) -> tuple[dict[str, jax.Array], jax.Array]:
+  """Turns a random ``negative_rate`` of the pairs into NSP negatives.
+
+  Each real example independently becomes a negative with probability
+  ``negative_rate`` (from its own key, so static or dynamic like the masks);
+  one that finds no partner from another document stays positive, so the
+  realised rate is slightly lower on batches dominated by one document.
+
+  Args:
+    decision_keys: [B] one key per example (``masking.example_keys``).
+    partner_rng: key of this step for the partner choice.
+    batch: a Batch of the sentence-pair layout.
+    negative_rate: probability of a negative, in [0, 1].
+
+  Returns:
+    (the rebuilt Batch, nsp_labels int32 [B]: 1 = B is random, 0 = is next).
+  """
+  wants = jax.vmap(lambda k: jax.random.bernoulli(k, negative_rate))(
+      decision_keys)
+  partner, has_partner = choose_partners(
+      partner_rng, batch["example_id"], batch["example_mask"],
+      batch["b_lengths"])
+  use = wants & has_partner & batch["example_mask"]
+  return pair_with_b_from(batch, partner, use), use.astype(jnp.int32)
+
+
+def nsp_loss(nsp_logits: jax.Array, nsp_labels: jax.Array,
+             example_mask: jax.Array) -> tuple[jax.Array, Metrics]:
+  """Mean cross-entropy of the two-way sentence head over real examples.
+
+  Args:
+    nsp_logits: float [B, 2] (scored in float32).
+    nsp_labels: int32 [B].
+    example_mask: bool [B].
+
+  Returns:
+    (scalar float32 loss, {'nsp_loss': (sum, count), 'nsp_accuracy':
+    (sum, count)}), count being the number of real examples.
+  """
+  log_probs = jax.nn.log_softmax(nsp_logits.astype(jnp.float32), axis=-1)
+  nll = -jnp.take_along_axis(log_probs, nsp_labels[:, None], axis=-1)[:, 0]
+  weights = example_mask.astype(jnp.float32)
+  count = jnp.sum(weights)
+  loss_sum = jnp.sum(nll * weights)
+  correct = (jnp.argmax(log_probs, axis=-1) == nsp_labels).astype(jnp.float32)
+  metrics = {
+      "nsp_loss": (loss_sum, count),
+      "nsp_accuracy": (jnp.sum(correct * weights), count),
+  }
+  return loss_sum / jnp.maximum(count, 1.0), metrics

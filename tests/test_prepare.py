@@ -1,0 +1,247 @@
+"""prepare(): shard invariants, idempotence, local text files and every bad-input error."""
+
+import hashlib
+import logging
+import os
+import re
+import time
+
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from bertjax import batch
+from bertjax.data import builders
+from bertjax.data import prepare
+from bertjax.data import python_docs
+from bertjax.data import tokenizer as tokenizer_lib
+
+_FORBIDDEN_IDS = [batch.PAD_ID, batch.CLS_ID, batch.SEP_ID, batch.MASK_ID]
+
+
+def _snapshot(root):
+  """path -> (size, mtime_ns) of every file under root."""
+  out = {}
+  for dirpath, _, files in os.walk(root):
+    for f in files:
+      st = os.stat(os.path.join(dirpath, f))
+      out[os.path.join(dirpath, f)] = (st.st_size, st.st_mtime_ns)
+  return out
+
+
+def _local_config(demo_config, text_files, **overrides):
+  config = demo_config.copy_and_resolve_references()
+  config.dataset = "bertjax_local_text"
+  config.text_files = text_files
+  config.vocab_size = 300
+  for k, v in overrides.items():
+    config[k] = v
+  return config
+
+
+@pytest.fixture(scope="module")
+def text_dir(tmp_path_factory):
+  """The pydoc topics as one UTF-8 file each (~300 KB), blank lines between paragraphs."""
+  root = tmp_path_factory.mktemp("texts")
+  for name, paragraphs in python_docs.topic_documents():
+    (root / f"{name.split(':')[1]}.txt").write_text("\n\n".join(paragraphs) + "\n")
+  return root
+
+
+def test_shard_invariants(demo_data):
+  tok = demo_data.tokenizer()
+  assert set(demo_data.splits) == {"train", "validation"}
+  total_tokens = unk = 0
+  for split, n_docs in demo_data.splits.items():
+    source = demo_data.source(split)
+    assert len(source) == n_docs > 0
+    n_tokens = 0
+    for i in range(len(source)):
+      doc = source[i]
+      tokens, starts, lengths = doc["tokens"], doc["word_starts"], doc["sentence_lengths"]
+      assert tokens.dtype == np.int32 and starts.dtype == np.bool_
+      assert lengths.dtype == np.int32
+      assert tokens.shape == starts.shape and tokens.size >= 2
+      assert lengths.sum() == tokens.size and (lengths > 0).all()
+      assert ((tokens >= 0) & (tokens < demo_data.vocab_size)).all()
+      assert not np.isin(tokens, _FORBIDDEN_IDS).any()
+      assert (starts == tok.word_starts(tokens)).all()
+      # Every sentence starts a new word.
+      assert starts[np.cumsum(lengths) - lengths].all()
+      n_tokens += tokens.size
+      unk += int((tokens == batch.UNK_ID).sum())
+    assert demo_data.num_tokens[split] == n_tokens
+    total_tokens += n_tokens
+  assert unk <= 0.005 * total_tokens
+
+
+def test_shards_record_the_tokenizer(demo_data):
+  with open(demo_data.tokenizer_path, "rb") as f:
+    want = hashlib.sha256(f.read()).hexdigest()
+  metadata = tfds.builder_from_directory(demo_data.tokenized_dir).info.metadata
+  assert metadata["tokenizer_fingerprint"] == want == demo_data.fingerprint
+  assert metadata["vocab_size"] == demo_data.vocab_size == 8000
+  assert metadata["source"] == "bertjax_python_docs"
+
+
+def test_prepare_is_idempotent(demo_config, demo_data):
+  before = _snapshot(demo_data.data_dir)
+  start = time.time()
+  again = prepare.prepare(demo_config, demo_data.data_dir)
+  assert time.time() - start < 2.0
+  assert again == demo_data
+  assert _snapshot(demo_data.data_dir) == before
+
+
+def test_resolve_data_dir(demo_config):
+  config = demo_config.copy_and_resolve_references()
+  config.data_dir = ""
+  assert prepare.resolve_data_dir(config, "/w") == os.path.join("/w", "data")
+  config.data_dir = "/elsewhere"
+  assert prepare.resolve_data_dir(config, "/w") == "/elsewhere"
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("vocab_size", 500, "vocab size 8000 but config.vocab_size is 500"),
+    ("tokenizer", "bpe", "unigram model but config.tokenizer is 'bpe'"),
+    ("eval_split", "test", "no split 'test'.*--config.eval_split"),
+    ("dataset", "no_such_dataset_xyz", "Unknown dataset 'no_such_dataset_xyz'"),
+])
+def test_config_mismatch_errors_keep_everything(demo_config, demo_data, field, value, match):
+  config = demo_config.copy_and_resolve_references()
+  config[field] = value
+  before = _snapshot(demo_data.data_dir)
+  with pytest.raises(ValueError, match=match):
+    prepare.prepare(config, demo_data.data_dir)
+  assert _snapshot(demo_data.data_dir) == before
+
+
+def test_local_text_skips_bad_files(demo_config, text_dir, tmp_path, caplog):
+  bad = tmp_path / "bad"
+  bad.mkdir()
+  (bad / "empty.txt").write_text("")
+  (bad / "binary.txt").write_bytes(b"Some text\x00\x01\x02 more")
+  (bad / "latin1.txt").write_bytes("Caf\xe9 au lait est tr\xe8s bon.".encode("latin-1"))
+  config = _local_config(demo_config, f"{text_dir}/*.txt,{bad}")
+  data_dir = str(tmp_path / "data")
+  with caplog.at_level(logging.WARNING):
+    prepared = prepare.prepare(config, data_dir)
+  warnings = "\n".join(r.getMessage() for r in caplog.records)
+  for reason, name in [("empty", "empty.txt"), ("binary", "binary.txt"),
+                       ("not UTF-8", "latin1.txt")]:
+    assert f"Skipped 1 {reason}" in warnings and name in warnings
+  n_files = len(list(text_dir.glob("*.txt")))
+  assert sum(prepared.splits.values()) == n_files
+  assert 1 <= prepared.splits["validation"] < 0.2 * n_files
+  assert prepared.vocab_size == prepared.tokenizer().vocab_size == 300
+
+  # Same inputs: reused. Other inputs in the same data_dir: refused, nothing lost.
+  before = _snapshot(data_dir)
+  assert prepare.prepare(config, data_dir) == prepared
+  with pytest.raises(ValueError, match="built from other text files"):
+    prepare.prepare(_local_config(demo_config, f"{text_dir}/a*.txt"), data_dir)
+  assert _snapshot(data_dir) == before
+
+
+def test_local_text_paragraph_documents(demo_config, text_dir, tmp_path):
+  config = _local_config(demo_config, str(text_dir / "*.txt"),
+                         dataset="bertjax_local_text/paragraphs")
+  prepared = prepare.prepare(config, str(tmp_path))
+  n_paragraphs = sum(len(paras) for _, paras in python_docs.topic_documents())
+  # Paragraphs of fewer than 2 tokens are dropped; prose paragraphs have more.
+  assert sum(prepared.splits.values()) == n_paragraphs
+  # The 5% hold-out by hash: binomial std ~0.5 points at ~2000 documents.
+  assert 0.03 <= prepared.splits["validation"] / n_paragraphs <= 0.07
+
+
+def test_fingerprint_mismatch_is_refused(demo_config, text_dir, tmp_path):
+  config = _local_config(demo_config, str(text_dir / "*.txt"))
+  data_dir = str(tmp_path)
+  prepared = prepare.prepare(config, data_dir)
+  # Someone replaces the tokenizer with another one of the same size.
+  other = [p for _, paras in python_docs.topic_documents() for p in paras][::2]
+  tokenizer_lib.train(other, prepared.tokenizer_path, 300)
+  before = _snapshot(data_dir)
+  with pytest.raises(ValueError, match="were made by tokenizer"):
+    prepare.prepare(config, data_dir)
+  assert _snapshot(data_dir) == before
+
+
+@pytest.mark.parametrize("files, match", [
+    ({"a.txt": b"", "b.txt": b"  \n\n"}, r"None of the 2 files .*2 empty"),
+    ({"a.bin": b"\x00\x01", "b.txt": b"\xff\xfe bad"},
+     r"None of the 2 files .*binary.*a\.bin.*not UTF-8.*b\.txt"),
+    ({"one.txt": b"Only one document here. It has two sentences."},
+     "need at least 2"),
+])
+def test_unusable_local_text_is_an_error(demo_config, tmp_path, files, match):
+  for name, data in files.items():
+    (tmp_path / name).write_bytes(data)
+  with pytest.raises(ValueError, match=match):
+    prepare.prepare(_local_config(demo_config, str(tmp_path / "*")), str(tmp_path / "data"))
+  assert sorted(os.listdir(tmp_path)) == sorted([*files, "data"])
+
+
+def test_no_matching_files_is_an_error(demo_config, tmp_path):
+  with pytest.raises(ValueError, match="matches no files"):
+    prepare.prepare(_local_config(demo_config, str(tmp_path / "*.txt")), str(tmp_path))
+  with pytest.raises(ValueError, match="--config.text_files"):
+    prepare.prepare(_local_config(demo_config, ""), str(tmp_path))
+
+
+def test_unprepared_public_dataset_is_not_downloaded(demo_config, tmp_path):
+  if tfds.builder("imdb_reviews").is_prepared():
+    pytest.skip("imdb_reviews is prepared on this machine")
+  config = demo_config.copy_and_resolve_references()
+  config.dataset = "imdb_reviews"
+  with pytest.raises(ValueError, match="not prepared.*bertjax never downloads"):
+    prepare.prepare(config, str(tmp_path))
+  assert not tfds.builder("imdb_reviews").is_prepared()
+
+
+class PublicTextStandIn(builders.OfflineBuilder):
+  """A TFDS text dataset shaped like the public ones: {'text': Text}, train/test."""
+
+  VERSION = tfds.core.Version("1.0.0")
+
+  def _info(self):
+    return tfds.core.DatasetInfo(
+        builder=self, features=tfds.features.FeaturesDict({"text": tfds.features.Text()}))
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    docs = ["\n\n".join(paras) for _, paras in python_docs.topic_documents()]
+    return {"train": self._generate_examples(docs[:60]),
+            "test": self._generate_examples(docs[60:])}
+
+  def _generate_examples(self, docs):
+    for i, text in enumerate(docs):
+      yield i, {"text": text}
+
+
+def test_public_tfds_text_dataset(demo_config, tmp_path):
+  PublicTextStandIn(data_dir=str(tmp_path), file_format="array_record").download_and_prepare()
+  config = demo_config.copy_and_resolve_references()
+  config.update(dataset="public_text_stand_in", eval_split="test", vocab_size=300,
+                text_feature="body")
+  with pytest.raises(ValueError, match="no feature 'body'.*--config.text_feature"):
+    prepare.prepare(config, str(tmp_path))
+  assert not (tmp_path / "tokenizers").exists()
+  config.text_feature = "text"
+  prepared = prepare.prepare(config, str(tmp_path))
+  n_topics = len(list(python_docs.topic_documents()))
+  assert prepared.splits == {"train": 60, "test": n_topics - 60}
+  tok = prepared.tokenizer()
+  doc = prepared.source("test")[0]
+  # Sentence-split on the fly: several sentences, each starting a word.
+  assert len(doc["sentence_lengths"]) > 1
+  assert doc["word_starts"][np.cumsum(doc["sentence_lengths"]) - doc["sentence_lengths"]].all()
+  assert tok.decode(doc["tokens"]).count(" ") >= len(doc["tokens"]) // 4
+
+
+def test_split_keys_are_distinct_tfds_names():
+  names = ["train", "validation", "train[:80%]", "train[80%:]", "train[:1shard]"]
+  keys = [builders.split_key(n) for n in names]
+  assert keys[:2] == ["train", "validation"]
+  assert len(set(keys)) == len(keys)
+  assert all(re.fullmatch(r"\w+", k) for k in keys)

@@ -1,0 +1,160 @@
+"""The train loop end to end on the demo corpus: tracing, learning, resume."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from bertjax import checkpointing
+from bertjax import models
+from bertjax import objectives
+from bertjax import optim
+from bertjax import sharding
+from bertjax import state as state_lib
+from bertjax import train
+from bertjax.data import pipeline
+
+
+def small_config(demo_config, demo_data, **overrides):
+  c = demo_config.copy_and_resolve_references()
+  c.data_dir = demo_data.data_dir
+  c.batch_size = 16
+  c.seq_len = 64
+  c.max_predictions_per_seq = 10
+  c.num_train_steps = 24
+  c.warmup_steps = 4
+  c.log_every_steps = 4
+  c.checkpoint_every_steps = 8
+  c.eval_max_batches = 2
+  c.shuffle_window = 64
+  for k, v in overrides.items():
+    c[k] = v
+  return c
+
+
+def read_metrics(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f]
+
+
+def _setup(config, mesh_shape):
+  mesh = sharding.make_mesh(mesh_shape)
+  model = models.get_model(config)
+  tx = optim.make_optimizer(config)
+  state, shardings = state_lib.create_train_state(model, tx, config, mesh)
+  step_fn = train.make_train_step(model, objectives.get_objective(config), tx,
+                                  shardings, mesh)
+  return mesh, state, step_fn
+
+
+def test_train_step_traces_once_and_loss_falls(demo_config, demo_data):
+  config = small_config(demo_config, demo_data, learning_rate=2e-3,
+                        dropout_rate=0.0, attention_dropout_rate=0.0)
+  mesh, state, step_fn = _setup(config, "-1,1,1")
+  it = pipeline.make_train_iterator(config, demo_data.source("train"),
+                                    local_batch_size=config.batch_size)
+  losses = []
+  rng = jax.random.key(config.seed)
+  with mesh:
+    for _ in range(40):
+      state, m = step_fn(state, train.to_global(next(it), mesh), rng)
+      losses.append(float(m["mlm_loss"][0] / m["mlm_loss"][1]))
+  assert step_fn._cache_size() == 1  # one trace and compile for 40 steps
+  assert int(state.step) == 40
+  # MLM loss starts near log(vocab) and must drop clearly within 40 steps.
+  assert losses[0] > 0.8 * np.log(config.vocab_size)
+  assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 1.0
+
+
+def test_same_losses_on_one_device_and_on_eight(demo_config, demo_data):
+  config = small_config(demo_config, demo_data, dropout_rate=0.0,
+                        attention_dropout_rate=0.0)
+  batches = []
+  it = pipeline.make_train_iterator(config, demo_data.source("train"),
+                                    local_batch_size=config.batch_size)
+  batches = [next(it) for _ in range(3)]
+  results = {}
+  for name, devices, shape in (("one", jax.devices()[:1], "1,1,1"),
+                               ("dp8", jax.devices(), "8,1,1"),
+                               ("fsdp", jax.devices(), "2,4,1")):
+    mesh = sharding.Mesh(
+        np.asarray(devices).reshape(sharding.parse_mesh_shape(shape, len(devices))),
+        sharding.MESH_AXES)
+    model = models.get_model(config)
+    tx = optim.make_optimizer(config)
+    state, shardings = state_lib.create_train_state(model, tx, config, mesh)
+    step_fn = train.make_train_step(model, objectives.get_objective(config), tx,
+                                    shardings, mesh)
+    losses = []
+    with mesh:
+      for b in batches:
+        state, m = step_fn(state, train.to_global(b, mesh), jax.random.key(0))
+        losses.append(float(m["loss"][0] / m["loss"][1]))
+    results[name] = losses
+  np.testing.assert_allclose(results["dp8"], results["one"], rtol=2e-5)
+  np.testing.assert_allclose(results["fsdp"], results["one"], rtol=2e-5)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, demo_config, demo_data):
+  workdir = str(tmp_path_factory.mktemp("uninterrupted"))
+  record = train.train_and_evaluate(small_config(demo_config, demo_data), workdir)
+  return workdir, record
+
+
+def test_run_writes_metrics_checkpoints_and_eval(uninterrupted):
+  workdir, record = uninterrupted
+  rows = read_metrics(workdir)
+  train_rows = [r for r in rows if "loss" in r]
+  assert [r["step"] for r in train_rows] == [4, 8, 12, 16, 20, 24]
+  for key in ("loss", "mlm_accuracy", "nsp_accuracy", "learning_rate",
+              "tokens_per_sec"):
+    assert all(np.isfinite(r[key]) for r in train_rows), key
+  # keep_checkpoints=3 of the saves at 8, 16, 24.
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["16", "24", "8"]
+  with open(os.path.join(workdir, "eval_24.json")) as f:
+    saved = json.load(f)
+  assert saved == record
+  for key in ("step", "mlm_loss", "mlm_accuracy", "nsp_accuracy", "num_tokens",
+              "baseline_mlm_accuracy"):
+    assert key in record
+  assert 0.0 < record["baseline_mlm_accuracy"] < 1.0
+  assert record["num_tokens"] > 0 and record["step"] == 24
+  assert os.listdir(os.path.join(workdir, "tensorboard"))
+
+
+def test_killed_run_resumes_to_identical_result(tmp_path, uninterrupted,
+                                                demo_config, demo_data):
+  ref_dir, ref_record = uninterrupted
+  workdir = str(tmp_path)
+  config = small_config(demo_config, demo_data)
+  assert train.train_and_evaluate(config, workdir, stop_at_step=12) is None
+  assert os.path.isdir(os.path.join(workdir, "checkpoints", "12"))
+  record = train.train_and_evaluate(config, workdir)
+  assert record == ref_record
+  ref_losses = {r["step"]: r["loss"] for r in read_metrics(ref_dir) if "loss" in r}
+  losses = {r["step"]: r["loss"] for r in read_metrics(workdir) if "loss" in r}
+  for step in (16, 20, 24):
+    assert losses[step] == ref_losses[step]
+  # Final parameters bit-identical.
+  config_dict = config
+  model = models.get_model(config_dict)
+  tx = optim.make_optimizer(config_dict)
+  mesh = sharding.make_mesh(config.mesh_shape)
+  abstract, shardings = state_lib.state_shardings(model, tx, config, mesh)
+  a, _ = checkpointing.Checkpointer(ref_dir).restore(24, abstract, shardings)
+  b, _ = checkpointing.Checkpointer(workdir).restore(24, abstract, shardings)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_rerun_of_finished_run_does_not_train_again(uninterrupted, demo_config,
+                                                    demo_data):
+  workdir, record = uninterrupted
+  before = len(read_metrics(workdir))
+  again = train.train_and_evaluate(small_config(demo_config, demo_data), workdir)
+  rows = read_metrics(workdir)
+  assert not any("loss" in r for r in rows[before:])  # no new training rows
+  assert again == record
