@@ -2,7 +2,8 @@
 
 A checkpoint directory ``<workdir>/checkpoints/<step>/`` holds three items:
   state   the TrainState (params, optimizer state, step), sharded arrays
-  data    the input pipeline's iterator state (JSON)
+  data    the input pipeline's iterator state and the tokenizer's fingerprint
+          (JSON)
   config  the run's config (JSON), used to refuse a mismatched resume
 Orbax writes each checkpoint into a temporary directory and renames it when
 complete, so only fully written checkpoints are ever listed and restored.
@@ -62,19 +63,35 @@ class Checkpointer:
             f"pass --config.{field}={saved[field]!r} to resume it, or use a new "
             "--workdir for a different model.")
 
-  def save(self, step: int, state, data_state: dict[str, Any], config,
-           *, force: bool = False) -> bool:
+  def check_tokenizer(self, fingerprint: str, step: int | None = None) -> None:
+    """Raises ValueError if the checkpoint was trained with another tokenizer."""
+    step = self.latest_step() if step is None else step
+    if step is None:
+      return
+    saved = self._manager.restore(
+        step, args=ocp.args.Composite(data=ocp.args.JsonRestore()))["data"]
+    want = saved.get("tokenizer_fingerprint")
+    if want and want != fingerprint:
+      raise ValueError(
+          f"The checkpoint at step {step} in {self.directory} was trained with "
+          f"tokenizer {want[:12]} but the prepared data has tokenizer "
+          f"{fingerprint[:12]}; point --config.data_dir at the data it was "
+          "trained on, or use a new --workdir.")
+
+  def save(self, step: int, state, iterator_state: dict[str, Any], config,
+           tokenizer_fingerprint: str, *, force: bool = False) -> bool:
+    data = {"iterator": iterator_state, "tokenizer_fingerprint": tokenizer_fingerprint}
     return self._manager.save(
         step,
         args=ocp.args.Composite(
             state=ocp.args.StandardSave(state),
-            data=ocp.args.JsonSave(data_state),
+            data=ocp.args.JsonSave(data),
             config=ocp.args.JsonSave(config.to_dict()),
         ),
         force=force)
 
   def restore(self, step: int, abstract_state, shardings) -> tuple[Any, dict[str, Any]]:
-    """Restores (state placed with ``shardings``, data-iterator state) of ``step``."""
+    """Restores (state placed with ``shardings``, iterator state) of ``step``."""
     target = jax.tree.map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
         abstract_state, shardings)
@@ -85,7 +102,7 @@ class Checkpointer:
             data=ocp.args.JsonRestore(),
         ))
     logging.info("Restored checkpoint %d from %s", step, self.directory)
-    return restored["state"], dict(restored["data"])
+    return restored["state"], dict(restored["data"]["iterator"])
 
   def wait(self) -> None:
     self._manager.wait_until_finished()

@@ -6,10 +6,14 @@ should see one sentence naming the field and the closest valid one instead.
 
 from __future__ import annotations
 
+import logging
+import os
 import re
 import sys
 
+from absl import app
 from absl import flags
+from absl import logging as absl_logging
 
 _SUGGESTION = re.compile(r'Did you mean "([^"]+)" instead of "([^"]+)"')
 
@@ -52,3 +56,41 @@ def parse_flags(argv: list[str]) -> list[str]:
   except Exception as e:  # noqa: BLE001 — every parse failure gets one sentence.
     print(f"error: {explain(e)}", file=sys.stderr)
     sys.exit(2)
+
+
+class _BertjaxInfoOnly(logging.Filter):
+  """Keeps bertjax's INFO lines and every library's warnings and errors."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return (record.levelno >= logging.WARNING
+            or f"{os.sep}bertjax{os.sep}" in record.pathname)
+
+
+def quiet_libraries() -> None:
+  """Hides the INFO chatter of orbax/TFDS/grain and TFDS progress bars.
+
+  ``--verbosity=1`` (or ``-v 1``) shows everything again.
+  """
+  if flags.FLAGS["verbosity"].present:
+    return
+  absl_logging.get_absl_handler().addFilter(_BertjaxInfoOnly())
+  import tensorflow_datasets as tfds
+  tfds.disable_progress_bar()
+
+
+def run(main) -> None:
+  """``app.run`` with the friendly flag parser, turning a ValueError raised by
+  bertjax (bad input, refused before any device work) into one line."""
+
+  def wrapped(argv):
+    quiet_libraries()
+    try:
+      return main(argv)
+    except ValueError as e:
+      if flags.FLAGS["verbosity"].present or not str(e):
+        raise
+      hint = "" if "--" in str(e) else " (run with -v 1 for the traceback)"
+      print(f"error: {e}{hint}", file=sys.stderr)
+      return 2
+
+  app.run(wrapped, flags_parser=parse_flags)

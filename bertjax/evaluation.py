@@ -107,6 +107,7 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None) -> dict[s
   checkpointer.check_compatible(config, step)
   prepared = prepare.prepare(config, prepare.resolve_data_dir(config, workdir))
   config_validation.check_prepared(config, prepared)
+  checkpointer.check_tokenizer(prepared.fingerprint, step)
   mesh = sharding.make_mesh(config.mesh_shape)
   config_validation.check_mesh(config, mesh)
   model = models.get_model(config)

@@ -126,6 +126,7 @@ def train_and_evaluate(config, workdir: str, *,
   checkpointer.check_compatible(config)
   prepared = prepare.prepare(config, prepare.resolve_data_dir(config, workdir))
   config_validation.check_prepared(config, prepared)
+  checkpointer.check_tokenizer(prepared.fingerprint)
   mesh = sharding.make_mesh(config.mesh_shape)
   config_validation.check_mesh(config, mesh)
 
@@ -170,7 +171,8 @@ def train_and_evaluate(config, workdir: str, *,
       if step % config.log_every_steps == 0 or step == config.num_train_steps:
         pending, acc = (step, acc), None
       if (step % config.checkpoint_every_steps == 0 or step == last):
-        checkpointer.save(step, state, train_iter.get_state(), config)
+        checkpointer.save(step, state, train_iter.get_state(), config,
+                          prepared.fingerprint)
       if config.eval_every_steps and step % config.eval_every_steps == 0:
         record = evaluation.evaluate_params(config, state.params, prepared, mesh, model,
                                             objective)

@@ -2,6 +2,8 @@
 
 import json
 import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -158,3 +160,23 @@ def test_rerun_of_finished_run_does_not_train_again(uninterrupted, demo_config,
   rows = read_metrics(workdir)
   assert not any("loss" in r for r in rows[before:])  # no new training rows
   assert again == record
+
+
+def test_evaluate_binary_prints_record_as_last_line(uninterrupted, demo_data):
+  workdir, record = uninterrupted
+  os.remove(os.path.join(workdir, "eval_24.json"))
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  proc = subprocess.run(
+      [sys.executable, "-m", "bertjax.evaluate", "--config=configs/bert.py:tiny",
+       f"--config.data_dir={demo_data.data_dir}", "--config.batch_size=16",
+       "--config.seq_len=64", "--config.max_predictions_per_seq=10",
+       "--config.eval_max_batches=2", f"--workdir={workdir}"],
+      cwd=root, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  printed = json.loads(proc.stdout.strip().splitlines()[-1])
+  with open(os.path.join(workdir, "eval_24.json")) as f:
+    assert json.load(f) == printed
+  assert printed["step"] == 24
+  assert set(printed) == set(record)
+  for key, value in record.items():
+    assert printed[key] == pytest.approx(value, rel=1e-5), key

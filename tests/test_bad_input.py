@@ -1,0 +1,121 @@
+"""Bad input stops before any device work with one sentence naming the fix,
+and leaves the workdir as it was."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bertjax import state as state_lib
+from bertjax import train
+from bertjax.data import prepare
+
+from test_train import small_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def snapshot(path):
+  """Every file under ``path`` with its size and modification time."""
+  out = {}
+  for dirpath, _, files in os.walk(path):
+    for name in files:
+      full = os.path.join(dirpath, name)
+      st = os.stat(full)
+      out[os.path.relpath(full, path)] = (st.st_size, st.st_mtime_ns)
+  return out
+
+
+@pytest.fixture
+def no_device_work(monkeypatch):
+  """Fails the test if the run gets as far as building the train state."""
+
+  def forbidden(*args, **kwargs):
+    raise AssertionError("device work started before the bad input was refused")
+
+  monkeypatch.setattr(state_lib, "create_train_state", forbidden)
+  monkeypatch.setattr(state_lib, "state_shardings", forbidden)
+
+
+@pytest.fixture(scope="module")
+def trained_workdir(tmp_path_factory, demo_config, demo_data):
+  workdir = str(tmp_path_factory.mktemp("trained"))
+  config = small_config(demo_config, demo_data, num_train_steps=2,
+                        checkpoint_every_steps=2, log_every_steps=1)
+  train.train_and_evaluate(config, workdir)
+  return workdir
+
+
+def test_misspelt_config_key_names_the_closest_field(tmp_path):
+  workdir = tmp_path / "never"
+  proc = subprocess.run(
+      [sys.executable, "-m", "bertjax.main", "--config=configs/bert.py:tiny",
+       "--config.mask_ratee=0.2", f"--workdir={workdir}"],
+      cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert proc.returncode != 0
+  lines = [l for l in proc.stderr.splitlines() if l.strip()]
+  assert lines[-1].startswith("error: Unknown config field 'mask_ratee'")
+  assert "--config.mask_rate?" in lines[-1]
+  assert "Traceback" not in proc.stderr
+  assert not workdir.exists()
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("mask_rate", 1.0, "--config.mask_rate"),
+    ("seq_len", 1024, "--config.seq_len"),
+    ("masking", "sometimes", "--config.masking"),
+    ("batch_size", 12, "--config.batch_size"),  # 12 does not split over 8 devices
+    ("model_size", "huge", "--config.model_size"),
+])
+def test_out_of_range_values(tmp_path, demo_config, demo_data, no_device_work,
+                             field, value, needle):
+  config = small_config(demo_config, demo_data, **{field: value})
+  with pytest.raises(ValueError, match=needle):
+    train.train_and_evaluate(config, str(tmp_path))
+  assert not os.path.exists(tmp_path / "checkpoints" / "0")
+
+
+def test_checkpoint_of_another_model_shape(trained_workdir, demo_config, demo_data,
+                                           no_device_work):
+  before = snapshot(trained_workdir)
+  config = small_config(demo_config, demo_data, num_train_steps=4,
+                        model_size="mini")
+  with pytest.raises(ValueError, match=r"model_size='tiny'.*--config.model_size"):
+    train.train_and_evaluate(config, trained_workdir)
+  assert snapshot(trained_workdir) == before
+
+
+def test_mismatched_vocabulary(tmp_path, demo_config, demo_data, no_device_work):
+  before = snapshot(demo_data.data_dir)
+  config = small_config(demo_config, demo_data, vocab_size=4000)
+  with pytest.raises(ValueError, match="--config.vocab_size=8000"):
+    train.train_and_evaluate(config, str(tmp_path))
+  assert snapshot(demo_data.data_dir) == before
+
+
+def test_checkpoint_trained_with_another_tokenizer(trained_workdir, tmp_path,
+                                                   demo_config, demo_data,
+                                                   no_device_work):
+  # The same corpus with a BPE tokenizer gives other ids: resuming the
+  # checkpoint on it would silently scramble its embeddings.
+  other = small_config(demo_config, demo_data, tokenizer="bpe",
+                       data_dir=str(tmp_path / "bpe"), num_train_steps=4)
+  prepare.prepare(other, other.data_dir)
+  before = snapshot(trained_workdir)
+  with pytest.raises(ValueError, match="trained with tokenizer"):
+    train.train_and_evaluate(other, trained_workdir)
+  assert snapshot(trained_workdir) == before
+
+
+def test_empty_corpus(tmp_path, demo_config, demo_data, no_device_work):
+  corpus = tmp_path / "corpus"
+  corpus.mkdir()
+  (corpus / "a.txt").write_text("")
+  (corpus / "b.txt").write_text("   \n\n")
+  config = small_config(demo_config, demo_data, dataset="bertjax_local_text",
+                        text_files=str(corpus / "*.txt"),
+                        data_dir=str(tmp_path / "data"))
+  with pytest.raises(ValueError, match="--config.text_files|empty"):
+    train.train_and_evaluate(config, str(tmp_path / "work"))
+  assert sorted(os.listdir(corpus)) == ["a.txt", "b.txt"]
