@@ -104,6 +104,28 @@ class Checkpointer:
     logging.info("Restored checkpoint %d from %s", step, self.directory)
     return restored["state"], dict(restored["data"]["iterator"])
 
+  def restore_latest(self, abstract_state, shardings):
+    """Restores the newest readable checkpoint: (step, state, iterator state).
+
+    A checkpoint that fails to restore (truncated or corrupted files) is
+    renamed to ``<step>.unreadable`` (kept for inspection, never deleted) with
+    a warning naming it, and the next older one is tried. Returns None when
+    there is no checkpoint at all.
+    """
+    for step in sorted(self.all_steps(), reverse=True):
+      try:
+        state, iterator_state = self.restore(step, abstract_state, shardings)
+      except Exception as e:  # noqa: BLE001 — any unreadable checkpoint falls back
+        aside = os.path.join(self.directory, f"{step}.unreadable")
+        logging.warning("Checkpoint %s/%d is unreadable (%s: %s); moved it to %s "
+                        "and falling back to the previous one.", self.directory,
+                        step, type(e).__name__, str(e)[:200], aside)
+        os.rename(os.path.join(self.directory, str(step)), aside)
+        self._manager.reload()
+        continue
+      return step, state, iterator_state
+    return None
+
   def wait(self) -> None:
     self._manager.wait_until_finished()
 

@@ -12,6 +12,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from bertjax import cli
+from bertjax import guards
 from bertjax import train
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -24,7 +25,11 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  try:
+    train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  except guards.Preempted as e:
+    print(str(e), flush=True)
+    return guards.EXIT_PREEMPTED
 
 
 if __name__ == "__main__":

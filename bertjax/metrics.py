@@ -45,11 +45,15 @@ class MetricWriter:
       except ImportError:  # TensorBoard files are optional; JSON lines are not.
         self._tb = None
 
-  def write(self, step: int, scalars: Mapping[str, float], prefix: str = "") -> None:
+  def write(self, step: int, scalars: Mapping[str, float], prefix: str = "",
+            extra: Mapping[str, Any] | None = None) -> None:
+    """Writes one JSON line (scalars plus ``extra`` values) and the scalars to
+    TensorBoard."""
     if not self._active:
       return
     record = {"step": int(step)}
     record.update({prefix + k: float(v) for k, v in scalars.items()})
+    record.update(extra or {})
     self._jsonl.write(json.dumps(record) + "\n")
     self._jsonl.flush()
     if self._tb is not None:

@@ -9,6 +9,7 @@ model (``config.model``) maps inputs to outputs.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import time
@@ -23,6 +24,7 @@ from absl import logging
 from bertjax import checkpointing
 from bertjax import config_validation
 from bertjax import evaluation
+from bertjax import guards
 from bertjax import metrics as metrics_lib
 from bertjax import models
 from bertjax import objectives
@@ -39,13 +41,18 @@ _DROPOUT_STREAM = 0xD50  # fold_in constant separating dropout from masking keys
 
 
 def train_step(state: state_lib.TrainState, batch: dict[str, jax.Array],
-               rng: jax.Array, *, model, objective, tx):
+               rng: jax.Array, *, model, objective, tx, debug_nan_step: int = -1):
   """One optimizer step. Pure; jitted once by ``make_train_step``.
+
+  An update whose loss or gradient norm is not finite is not applied: params
+  and optimizer state stay as they were, the step counter advances and
+  ``metrics['skipped']`` is 1 (bertjax/guards.py decides what happens next).
 
   Args:
     state: the TrainState.
     batch: a global Batch (bertjax/batch.py) of sharded device arrays.
     rng: the run's root key; per-step keys are ``fold_in(rng, state.step)``.
+    debug_nan_step: test hook; the loss of this step is made NaN.
 
   Returns:
     (new state, metrics as {name: (sum, count)}).
@@ -57,21 +64,30 @@ def train_step(state: state_lib.TrainState, batch: dict[str, jax.Array],
   def loss_fn(params):
     outputs = model.apply({"params": params}, inputs, deterministic=False,
                           rngs={"dropout": dropout_rng})
-    return objective.loss(outputs, targets)
+    loss, metrics = objective.loss(outputs, targets)
+    loss = jnp.where(state.step == debug_nan_step, jnp.nan, loss)
+    return loss, metrics
 
-  (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+  (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+  grad_norm = optax.global_norm(grads)
+  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
+  keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
   metrics = dict(metrics)
-  metrics["grad_norm"] = (optax.global_norm(grads), jnp.float32(1.0))
-  new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+  metrics["grad_norm"] = (grad_norm, jnp.float32(1.0))
+  metrics["skipped"] = (1.0 - finite.astype(jnp.float32), jnp.float32(1.0))
+  new_state = state.replace(step=state.step + 1, params=keep(params, state.params),
+                            opt_state=keep(opt_state, state.opt_state))
   return new_state, metrics
 
 
-def make_train_step(model, objective, tx, state_shardings, mesh):
+def make_train_step(model, objective, tx, state_shardings, mesh, *,
+                    debug_nan_step: int = -1):
   """Jits ``train_step`` once with in/out shardings and a donated state."""
   return jax.jit(
-      functools.partial(train_step, model=model, objective=objective, tx=tx),
+      functools.partial(train_step, model=model, objective=objective, tx=tx,
+                        debug_nan_step=debug_nan_step),
       in_shardings=(state_shardings, sharding.batch_sharding(mesh),
                     sharding.replicated(mesh)),
       out_shardings=(state_shardings, sharding.replicated(mesh)),
@@ -139,68 +155,97 @@ def train_and_evaluate(config, workdir: str, *,
       config, prepared.source(config.train_split), local_batch_size=local_batch,
       process_index=jax.process_index(), process_count=jax.process_count())
 
-  latest = checkpointer.latest_step()
-  if latest is None:
+  abstract, shardings = state_lib.state_shardings(model, tx, config, mesh)
+  restored = checkpointer.restore_latest(abstract, shardings)
+  if restored is None:
     state, shardings = state_lib.create_train_state(model, tx, config, mesh)
     logging.info("Initialised %s-%s with %d parameters.", config.model,
                  config.model_size, models.count_params(state.params))
   else:
-    abstract, shardings = state_lib.state_shardings(model, tx, config, mesh)
-    state, data_state = checkpointer.restore(latest, abstract, shardings)
+    latest, state, data_state = restored
     train_iter.set_state(data_state)
     logging.info("Resuming from step %d.", latest)
   step = int(jax.device_get(state.step))
 
-  step_fn = make_train_step(model, objective, tx, shardings, mesh)
+  step_fn = make_train_step(model, objective, tx, shardings, mesh,
+                            debug_nan_step=config.debug_nan_step)
   rng = jax.random.key(config.seed)
   writer = metrics_lib.MetricWriter(workdir)
   progress = _Progress(config, step)
-  acc, pending = None, None
-  with mesh:
-    last = config.num_train_steps if stop_at_step is None else min(
-        stop_at_step, config.num_train_steps)
-    while step < last:
-      batch = to_global(next(train_iter), mesh)
-      state, step_metrics = step_fn(state, batch, rng)
-      step += 1
-      acc = metrics_lib.add(acc, step_metrics)
-      # Metrics are read one step late, so the host never waits for the device.
+  preemption = guards.PreemptionWatcher()
+  nonfinite = guards.NonFiniteGuard(config.nonfinite, config.max_consecutive_skips)
+  last = config.num_train_steps if stop_at_step is None else min(
+      stop_at_step, config.num_train_steps)
+  acc, pending, previous = None, None, None
+
+  def save(step, state):
+    checkpointer.save(step, state, train_iter.get_state(), config,
+                      prepared.fingerprint)
+
+  try:
+    with mesh:
+      while step < last:
+        host_batch = next(train_iter)
+        state, step_metrics = step_fn(state, to_global(host_batch, mesh), rng)
+        step += 1
+        acc = metrics_lib.add(acc, step_metrics)
+        # The previous step's flags and metrics are read now, one step late,
+        # so the host never waits for the device.
+        if previous is not None:
+          nonfinite.check(*previous)
+        previous = (step, step_metrics["skipped"])
+        if pending is not None:
+          _write_train_metrics(writer, progress, schedule, *pending)
+          pending = None
+        if step % config.log_every_steps == 0 or step == last:
+          pending, acc = (step, acc, _batch_hash(host_batch)), None
+        stopping = preemption.should_stop(step)
+        if step % config.checkpoint_every_steps == 0 or step == last or stopping:
+          nonfinite.check(*previous)  # never checkpoint a step that went bad
+          previous = None
+          save(step, state)
+        if stopping:
+          checkpointer.wait()
+          raise guards.Preempted(step)
+        if config.eval_every_steps and step % config.eval_every_steps == 0:
+          record = evaluation.evaluate_params(config, state.params, prepared, mesh,
+                                              model, objective)
+          writer.write(step, record, prefix="eval_")
+      if previous is not None:
+        nonfinite.check(*previous)
       if pending is not None:
         _write_train_metrics(writer, progress, schedule, *pending)
-        pending = None
-      if step % config.log_every_steps == 0 or step == config.num_train_steps:
-        pending, acc = (step, acc), None
-      if (step % config.checkpoint_every_steps == 0 or step == last):
-        checkpointer.save(step, state, train_iter.get_state(), config,
-                          prepared.fingerprint)
-      if config.eval_every_steps and step % config.eval_every_steps == 0:
-        record = evaluation.evaluate_params(config, state.params, prepared, mesh, model,
-                                            objective)
-        writer.write(step, record, prefix="eval_")
-    if pending is not None:
-      _write_train_metrics(writer, progress, schedule, *pending)
-  checkpointer.wait()
-  if step < config.num_train_steps:
+  finally:
+    preemption.close()
     writer.close()
     checkpointer.close()
+  if step < config.num_train_steps:
     logging.info("Stopped at step %d with a checkpoint; run again to resume.", step)
     return None
 
+  writer = metrics_lib.MetricWriter(workdir)
   record = evaluation.evaluate_params(config, state.params, prepared, mesh, model,
                                       objective)
   record = {"step": step, **record}
   writer.write(step, {k: v for k, v in record.items() if k != "step"}, prefix="eval_")
   writer.close()
-  checkpointer.close()
   evaluation.write_record(workdir, record)
   print(json.dumps(record), flush=True)
   return record
 
 
-def _write_train_metrics(writer, progress, schedule, step, sums):
+def _batch_hash(batch: dict[str, np.ndarray]) -> int:
+  """A 63-bit digest of a host batch: resumed runs must see identical batches."""
+  digest = hashlib.sha256()
+  for name in sorted(batch):
+    digest.update(np.ascontiguousarray(batch[name]).tobytes())
+  return int.from_bytes(digest.digest()[:8], "little") >> 1
+
+
+def _write_train_metrics(writer, progress, schedule, step, sums, batch_hash):
   scalars = metrics_lib.reduce(sums)
   scalars["learning_rate"] = float(schedule(step - 1))
   line = progress.line(step, scalars)
-  writer.write(step, scalars)
+  writer.write(step, scalars, extra={"batch_hash": batch_hash})
   logging.info("%s", line)
   print(line, flush=True)

@@ -85,4 +85,9 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   c.eval_every_steps = 0  # 0 = only at the end of training
   c.eval_max_batches = 0  # 0 = the whole held-out split
   c.eval_seed = 1234  # fixed masking seed of evaluation
+
+  # --- guards (bertjax/guards.py) --------------------------------------------
+  c.nonfinite = "stop"  # NaN/Inf loss: 'stop' at once | 'skip' the update
+  c.max_consecutive_skips = 10  # 'skip' mode gives up after this many in a row
+  c.debug_nan_step = -1  # test hook: make this step's loss NaN (-1 = never)
   return c

@@ -1,0 +1,210 @@
+"""Nothing lost: SIGKILL and SIGTERM mid-run, corrupted checkpoints, NaN losses,
+restoring onto another mesh."""
+
+import glob
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from bertjax import checkpointing
+from bertjax import guards
+from bertjax import models
+from bertjax import objectives
+from bertjax import optim
+from bertjax import sharding
+from bertjax import state as state_lib
+from bertjax import train
+from bertjax.data import pipeline
+
+from test_train import read_metrics, small_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = 16
+
+
+def run_config(demo_config, demo_data, **overrides):
+  base = dict(num_train_steps=STEPS, log_every_steps=1, checkpoint_every_steps=4,
+              keep_checkpoints=10)
+  base.update(overrides)
+  return small_config(demo_config, demo_data, **base)
+
+
+def cli_args(config, workdir):
+  fields = ("data_dir", "batch_size", "seq_len", "max_predictions_per_seq",
+            "num_train_steps", "warmup_steps", "log_every_steps",
+            "checkpoint_every_steps", "keep_checkpoints", "eval_max_batches",
+            "shuffle_window")
+  return ([sys.executable, "-m", "bertjax.main", "--config=configs/bert.py:tiny",
+           f"--workdir={workdir}"] + [f"--config.{f}={config[f]}" for f in fields])
+
+
+def last_rows(workdir):
+  """The last logged row of every step (a killed run re-logs some steps)."""
+  return {r["step"]: r for r in read_metrics(workdir) if "loss" in r}
+
+
+def restore(workdir, step, config, mesh):
+  model = models.get_model(config)
+  tx = optim.make_optimizer(config)
+  abstract, shardings = state_lib.state_shardings(model, tx, config, mesh)
+  state, _ = checkpointing.Checkpointer(workdir).restore(step, abstract, shardings)
+  return state
+
+
+def assert_states_equal(a, b):
+  la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+  assert len(la) == len(lb)
+  for x, y in zip(la, lb):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, demo_config, demo_data):
+  """An uninterrupted run of STEPS steps, every step logged."""
+  workdir = str(tmp_path_factory.mktemp("reference"))
+  record = train.train_and_evaluate(run_config(demo_config, demo_data), workdir)
+  return workdir, record
+
+
+def wait_for(predicate, proc, timeout=240):
+  start = time.time()
+  while not predicate():
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    assert time.time() - start < timeout, "timed out"
+    time.sleep(0.05)
+
+
+def test_sigkill_then_restart_is_bit_identical(tmp_path, reference, demo_config,
+                                                demo_data):
+  ref_dir, ref_record = reference
+  config = run_config(demo_config, demo_data)
+  workdir = str(tmp_path)
+  proc = subprocess.Popen(cli_args(config, workdir), cwd=ROOT,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  wait_for(lambda: os.path.isdir(os.path.join(workdir, "checkpoints", "8")), proc)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  assert proc.returncode == -signal.SIGKILL
+  killed_at = max(last_rows(workdir))
+  assert killed_at < STEPS  # really interrupted before the end
+  record = train.train_and_evaluate(config, workdir)
+  ref, got = last_rows(ref_dir), last_rows(workdir)
+  assert sorted(got) == list(range(1, STEPS + 1))
+  for step in range(1, STEPS + 1):
+    assert got[step]["batch_hash"] == ref[step]["batch_hash"], step
+    assert got[step]["loss"] == ref[step]["loss"], step
+  assert record == ref_record
+  mesh = sharding.make_mesh(config.mesh_shape)
+  assert_states_equal(restore(workdir, STEPS, config, mesh),
+                      restore(ref_dir, STEPS, config, mesh))
+
+
+def test_sigterm_saves_the_current_step_and_exits_75(tmp_path, reference,
+                                                      demo_config, demo_data):
+  config = run_config(demo_config, demo_data, num_train_steps=400,
+                      checkpoint_every_steps=1000)
+  workdir = str(tmp_path)
+  proc = subprocess.Popen(cli_args(config, workdir), cwd=ROOT,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  metrics = os.path.join(workdir, "metrics.jsonl")
+  wait_for(lambda: os.path.exists(metrics) and len(open(metrics).readlines()) >= 3,
+           proc)
+  proc.send_signal(signal.SIGTERM)
+  out, err = proc.communicate(timeout=120)
+  assert proc.returncode == guards.EXIT_PREEMPTED, err[-3000:]
+  steps = checkpointing.Checkpointer(workdir).all_steps()
+  assert len(steps) == 1 and 3 <= steps[0] < 400  # saved where it stopped
+  assert f"Preempted at step {steps[0]}" in out
+  # The restart continues from that checkpoint.
+  train.train_and_evaluate(config, workdir, stop_at_step=steps[0] + 2)
+  rows = [r["step"] for r in read_metrics(workdir) if "loss" in r]
+  assert rows[-2:] == [steps[0] + 1, steps[0] + 2]
+
+
+def test_corrupted_newest_checkpoint_falls_back(tmp_path, reference, demo_config,
+                                                demo_data, caplog):
+  ref_dir, _ = reference
+  workdir = str(tmp_path / "work")
+  shutil.copytree(ref_dir, workdir)
+  newest = os.path.join(workdir, "checkpoints", str(STEPS))
+  victims = [p for p in glob.glob(os.path.join(newest, "state", "**", "*"),
+                                  recursive=True)
+             if os.path.isfile(p) and os.path.getsize(p) > 64]
+  assert victims
+  for path in victims:  # truncate every data file of the state item
+    with open(path, "r+b") as f:
+      f.truncate(os.path.getsize(path) // 2)
+  config = run_config(demo_config, demo_data)
+  mesh = sharding.make_mesh(config.mesh_shape)
+  model = models.get_model(config)
+  tx = optim.make_optimizer(config)
+  abstract, shardings = state_lib.state_shardings(model, tx, config, mesh)
+  step, state, _ = checkpointing.Checkpointer(workdir).restore_latest(abstract,
+                                                                      shardings)
+  assert step == STEPS - 4
+  assert os.path.isdir(newest + ".unreadable")  # kept, not deleted
+  assert_states_equal(state, restore(ref_dir, STEPS - 4, config, mesh))
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, demo_config,
+                                                       demo_data):
+  config = run_config(demo_config, demo_data, debug_nan_step=5)
+  with pytest.raises(guards.NonFiniteLoss, match="at step 6"):
+    train.train_and_evaluate(config, str(tmp_path))
+  assert checkpointing.Checkpointer(str(tmp_path)).all_steps() == [4]
+
+
+def test_nan_loss_skip_mode_leaves_state_unchanged(demo_config, demo_data):
+  config = run_config(demo_config, demo_data, nonfinite="skip")
+  mesh = sharding.make_mesh(config.mesh_shape)
+  model = models.get_model(config)
+  tx = optim.make_optimizer(config)
+  state, shardings = state_lib.create_train_state(model, tx, config, mesh)
+  poisoned = train.make_train_step(model, objectives.get_objective(config), tx,
+                                   shardings, mesh, debug_nan_step=0)
+  batch = next(pipeline.make_train_iterator(config, demo_data.source("train"),
+                                            local_batch_size=config.batch_size))
+  before = jax.device_get(state)
+  with mesh:
+    after, m = poisoned(state, train.to_global(batch, mesh), jax.random.key(0))
+  assert float(m["skipped"][0]) == 1.0
+  assert int(after.step) == 1
+  assert_states_equal(after.params, before.params)
+  assert_states_equal(after.opt_state, before.opt_state)
+  guard = guards.NonFiniteGuard("skip", max_consecutive=3)
+  guard.check(1, m["skipped"])
+  guard.check(2, m["skipped"])
+  with pytest.raises(guards.NonFiniteLoss, match="3 updates in a row"):
+    guard.check(3, m["skipped"])
+
+
+@pytest.mark.parametrize("save_shape,restore_shape", [
+    ("1,1,1", "8,1,1"), ("8,1,1", "1,1,1"), ("8,1,1", "2,4,1"), ("2,4,1", "8,1,1")])
+def test_restore_onto_another_mesh(tmp_path, demo_config, demo_data, save_shape,
+                                   restore_shape):
+  config = run_config(demo_config, demo_data)
+
+  def mesh_of(shape):
+    dims = [int(d) for d in shape.split(",")]
+    devices = np.asarray(jax.devices()[:int(np.prod(dims))]).reshape(dims)
+    return sharding.Mesh(devices, sharding.MESH_AXES)
+
+  model = models.get_model(config)
+  tx = optim.make_optimizer(config)
+  state, _ = state_lib.create_train_state(model, tx, config, mesh_of(save_shape))
+  ckpt = checkpointing.Checkpointer(str(tmp_path))
+  ckpt.save(3, state, {"note": "x"}, config, "fp")
+  ckpt.wait()
+  target = mesh_of(restore_shape)
+  restored = restore(str(tmp_path), 3, config, target)
+  assert_states_equal(restored, state)
+  leaf = restored.params["encoder"]["layer_0"]["mlp"]["wi"]["kernel"]
+  assert leaf.sharding.mesh.shape == target.shape
