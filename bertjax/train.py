@@ -163,7 +163,8 @@ def train_and_evaluate(config, workdir: str, *,
                  config.model_size, models.count_params(state.params))
   else:
     latest, state, data_state = restored
-    train_iter.set_state(data_state)
+    if data_state:  # an imported checkpoint (bertjax.convert) starts the data afresh
+      train_iter.set_state(data_state)
     logging.info("Resuming from step %d.", latest)
   step = int(jax.device_get(state.step))
 

@@ -5,8 +5,8 @@ The quick local run on the embedded demo corpus (Python's own documentation):
   python -m bertjax.main --config=configs/bert.py:tiny --workdir=/tmp/bertjax-demo
 
 ``get_config(arg)`` takes a model size (tiny, mini, small, medium, base, large).
-``tiny`` is also the demo run: a short schedule that finishes in minutes on a
-laptop CPU. The other sizes get BERT's paper schedule (1M steps, batch 256,
+``tiny`` is also the demo run: a short schedule (1000 steps of 32 x 128
+tokens, no dropout, peak lr 2e-3) that finishes in minutes on a laptop CPU. The other sizes get BERT's paper schedule (1M steps, batch 256,
 seq 512, lr 1e-4). Any field can be overridden: ``--config.batch_size=64``.
 """
 
@@ -56,8 +56,10 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   # --- model -----------------------------------------------------------------
   c.max_position_embeddings = 512  # learned position table length
   c.type_vocab_size = 2
-  c.dropout_rate = 0.1
-  c.attention_dropout_rate = 0.1
+  # The tiny demo sees a few million tokens: it underfits, so dropout only
+  # slows it down (and costs a third of a CPU step). Paper sizes use 0.1.
+  c.dropout_rate = 0.0 if size == "tiny" else 0.1
+  c.attention_dropout_rate = 0.0 if size == "tiny" else 0.1
   c.dtype = "float32"  # compute dtype: 'float32' | 'bfloat16'
 
   # --- devices ---------------------------------------------------------------
@@ -67,8 +69,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
 
   # --- optimisation (BERT paper defaults) ------------------------------------
   c.batch_size = 32 if size == "tiny" else 256  # global batch
-  c.num_train_steps = 1500 if size == "tiny" else 1_000_000
-  c.learning_rate = 1e-3 if size == "tiny" else 1e-4  # peak
+  c.num_train_steps = 1000 if size == "tiny" else 1_000_000
+  c.learning_rate = 2e-3 if size == "tiny" else 1e-4  # peak
   c.warmup_steps = 100 if size == "tiny" else 10_000  # linear warmup
   # then linear decay to 0 at num_train_steps
   c.adam_b1 = 0.9
