@@ -11,6 +11,7 @@ from bertjax.models import sizes
 
 _DTYPES = ("float32", "bfloat16")
 _MASKING = ("static", "dynamic")
+_REMAT = ("none", "full", "dots")
 
 
 def _fail(field: str, value, want: str) -> None:
@@ -20,7 +21,7 @@ def _fail(field: str, value, want: str) -> None:
 
 def validate(config) -> None:
   """Range and choice checks on the loop's config fields."""
-  sizes.get_size(config.model_size)
+  sizes.resolve(config)
   if not 0.0 < config.mask_rate < 1.0:
     _fail("mask_rate", config.mask_rate, "it must lie strictly between 0 and 1")
   if config.masking not in _MASKING:
@@ -46,6 +47,10 @@ def validate(config) -> None:
     _fail("warmup_steps", config.warmup_steps, "it must not be negative")
   if config.learning_rate <= 0:
     _fail("learning_rate", config.learning_rate, "it must be positive")
+  if int(config.get("microbatches", 1)) < 1:
+    _fail("microbatches", config.microbatches, "it must be a positive integer")
+  if config.get("remat", "none") not in _REMAT:
+    _fail("remat", config.remat, f"it must be one of {', '.join(_REMAT)}")
 
 
 def check_mesh(config, mesh) -> None:
@@ -53,10 +58,12 @@ def check_mesh(config, mesh) -> None:
   import jax
   from bertjax import sharding
   ways = sharding.batch_parallelism(mesh)
-  if config.batch_size % ways or config.batch_size % jax.process_count():
+  micro = int(config.get("microbatches", 1))
+  if config.batch_size % (ways * micro) or config.batch_size % jax.process_count():
     _fail("batch_size", config.batch_size,
-          f"the global batch must be divisible by the {ways} data-parallel "
-          f"devices (mesh {dict(mesh.shape)}) and {jax.process_count()} hosts")
+          f"the global batch must be divisible by microbatches ({micro}) times "
+          f"the {ways} data-parallel devices (mesh {dict(mesh.shape)}), and by "
+          f"the {jax.process_count()} hosts")
 
 
 def check_prepared(config, prepared) -> None:

@@ -67,9 +67,9 @@ class PreparedData:
     builder = tfds.builder_from_directory(self.tokenized_dir)
     return builder.as_data_source(builders.split_key(split))
 
-  def tokenizer(self) -> tokenizer_lib.Tokenizer:
+  def tokenizer(self):
     """The tokenizer the shards were made with."""
-    return tokenizer_lib.Tokenizer(self.tokenizer_path)
+    return _load_tokenizer(self.tokenizer_path)
 
 
 def resolve_data_dir(config, workdir: str) -> str:
@@ -215,8 +215,33 @@ def _text_sources(config, data_dir: str) -> dict[str, Callable[[], Iterator[buil
   return {s: _public_documents(config, s, tfds_dir) for s in wanted}
 
 
+def _load_tokenizer(path: str):
+  """A sentencepiece model file, or an imported Hugging Face tokenizer directory."""
+  if os.path.isdir(path):
+    from bertjax.convert import hf_tokenizers
+    return hf_tokenizers.HfTokenizer(path)
+  return tokenizer_lib.Tokenizer(path)
+
+
 def _tokenizer(config, data_dir: str, key: str, train_docs) -> tokenizer_lib.Tokenizer:
-  """Loads and checks the tokenizer of this source, or trains it."""
+  """Loads and checks the tokenizer of this source, or trains it.
+
+  ``config.tokenizer='hf'`` (set by ``python -m bertjax.convert``) uses the
+  imported model's own tokenizer at ``config.tokenizer_path``, never retrained.
+  """
+  if config.tokenizer == "hf":
+    path = config.get("tokenizer_path") or ""
+    if not os.path.isdir(path):
+      raise ValueError(
+          f"config.tokenizer='hf' needs the imported tokenizer directory, but "
+          f"config.tokenizer_path={path!r} is not one; point --config.tokenizer_path "
+          "at <workdir>/tokenizer written by `python -m bertjax.convert`.")
+    tok = _load_tokenizer(path)
+    if tok.vocab_size != config.vocab_size:
+      raise ValueError(
+          f"Tokenizer {path} has vocab size {tok.vocab_size} but config.vocab_size "
+          f"is {config.vocab_size}; set --config.vocab_size={tok.vocab_size}.")
+    return tok
   path = os.path.join(data_dir, "tokenizers", f"{key}.model")
   if os.path.exists(path):
     tok = tokenizer_lib.Tokenizer(path)
@@ -258,7 +283,7 @@ def prepare(config, data_dir: str) -> PreparedData:
     raise ValueError("config.dataset is empty; set --config.dataset, e.g. bertjax_python_docs.")
   if not config.get("train_split"):
     raise ValueError("config.train_split is empty; set --config.train_split, e.g. train.")
-  if config.tokenizer not in tokenizer_lib.MODEL_TYPES:
+  if config.tokenizer not in tokenizer_lib.MODEL_TYPES + ("hf",):
     raise ValueError(
         f"Unknown tokenizer type {config.tokenizer!r}; set --config.tokenizer to "
         f"one of {', '.join(tokenizer_lib.MODEL_TYPES)}.")

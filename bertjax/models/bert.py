@@ -9,6 +9,9 @@ Outputs (a dict):
   nsp_logits  float32 [batch, 2]
   hidden      [batch, length, embed]  (compute dtype) last encoder layer
   pooled      [batch, embed]          (compute dtype) tanh(dense(hidden[:, 0]))
+With ``sentence_head=False`` (RoBERTa: MLM only) the pooler and NSP head are
+not built, so no parameter goes untrained, and only mlm_logits and hidden
+are returned.
 
 The MLM decoder is tied to the word embeddings: logits = transform(h) @ E.T + b.
 """
@@ -120,6 +123,7 @@ class BertForPretraining(nn.Module):
     dropout_rate: dropout on embeddings and sublayer outputs.
     attention_dropout_rate: dropout on attention probabilities.
     dtype: compute dtype (parameters are always float32).
+    sentence_head: build the pooler and the two-way sentence (NSP) head.
   """
   vocab_size: int
   max_position_embeddings: int
@@ -131,6 +135,7 @@ class BertForPretraining(nn.Module):
   dropout_rate: float = 0.0
   attention_dropout_rate: float = 0.0
   dtype: Dtype = jnp.float32
+  sentence_head: bool = True
 
   def setup(self):
     self.embeddings = BertEmbeddings(
@@ -142,11 +147,13 @@ class BertForPretraining(nn.Module):
         num_layers=self.num_layers, num_heads=self.num_heads,
         mlp_dim=self.mlp_dim, dropout_rate=self.dropout_rate,
         attention_dropout_rate=self.attention_dropout_rate, dtype=self.dtype)
+    self.mlm_head = MlmHead(vocab_size=self.vocab_size, dtype=self.dtype)
+    if not self.sentence_head:
+      return
     self.pooler = nn.Dense(
         self.hidden_size, dtype=self.dtype, param_dtype=jnp.float32,
         kernel_init=layers.kernel_init("embed", None),
         bias_init=layers.zeros_init(None))
-    self.mlm_head = MlmHead(vocab_size=self.vocab_size, dtype=self.dtype)
     # Two logits: a float32 head is cheap and keeps the loss input exact.
     self.nsp = nn.Dense(
         2, dtype=jnp.float32, param_dtype=jnp.float32,
@@ -167,12 +174,13 @@ class BertForPretraining(nn.Module):
                         inputs["positions"], deterministic)
     mask = layers.doc_attention_mask(inputs["doc_ids"])
     hidden = self.encoder(x, mask, deterministic)
-    pooled = jnp.tanh(self.pooler(hidden[:, 0]))
-    return dict(
+    outputs = dict(
         mlm_logits=self.mlm_logits(hidden, inputs["masked_positions"]),
-        nsp_logits=self.nsp(pooled),
-        hidden=hidden,
-        pooled=pooled)
+        hidden=hidden)
+    if self.sentence_head:
+      outputs["pooled"] = jnp.tanh(self.pooler(hidden[:, 0]))
+      outputs["nsp_logits"] = self.nsp(outputs["pooled"])
+    return outputs
 
   def mlm_logits(self, hidden: jax.Array,
                  masked_positions: jax.Array) -> jax.Array:
@@ -199,10 +207,11 @@ def from_config(config: ml_collections.ConfigDict,
   Args:
     config: uses model_size, vocab_size, max_position_embeddings,
       type_vocab_size, dropout_rate, attention_dropout_rate and, when present,
-      seq_len (checked against max_position_embeddings).
+      seq_len (checked against max_position_embeddings) and sentence_head
+      (default True).
     dtype: the compute dtype, already parsed from config.dtype.
   """
-  size = sizes.get_size(config.model_size)
+  size = sizes.resolve(config)
   seq_len = config.get("seq_len", 0)
   if seq_len > config.max_position_embeddings:
     raise ValueError(
@@ -219,4 +228,5 @@ def from_config(config: ml_collections.ConfigDict,
       mlp_dim=size.mlp_dim,
       dropout_rate=config.dropout_rate,
       attention_dropout_rate=config.attention_dropout_rate,
-      dtype=dtype)
+      dtype=dtype,
+      sentence_head=bool(config.get("sentence_head", True)))

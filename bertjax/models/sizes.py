@@ -1,7 +1,9 @@
 """The one table of encoder sizes, shared by every variant.
 
 tiny..medium follow the BERT miniatures (Turc et al., 2019); base and large are
-the sizes of the BERT paper. A variant picks a row with ``config.model_size``.
+the sizes of the BERT paper, which ALBERT's base and large share; xlarge and
+xxlarge are ALBERT's (Lan et al., 2019, Table 1). A variant picks a row with
+``config.model_size``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ SIZES: dict[str, Size] = {
     "medium": Size(num_layers=8, hidden_size=512, num_heads=8, mlp_dim=2048),
     "base": Size(num_layers=12, hidden_size=768, num_heads=12, mlp_dim=3072),
     "large": Size(num_layers=24, hidden_size=1024, num_heads=16, mlp_dim=4096),
+    "xlarge": Size(num_layers=24, hidden_size=2048, num_heads=16, mlp_dim=8192),
+    "xxlarge": Size(num_layers=12, hidden_size=4096, num_heads=64, mlp_dim=16384),
 }
 
 
@@ -35,3 +39,16 @@ def get_size(name: str) -> Size:
     raise ValueError(
         f"Unknown model_size {name!r}; set --config.model_size to one of "
         f"{', '.join(SIZES)}.") from None
+
+
+def resolve(config) -> Size:
+  """The encoder size of ``config``.
+
+  A config imported by ``python -m bertjax.convert`` spells its dimensions out
+  (``num_layers``, ``hidden_size``, ``num_heads``, ``mlp_dim``; then
+  ``model_size`` may be "custom"); bertjax's own configs name a row of SIZES.
+  """
+  fields = ("num_layers", "hidden_size", "num_heads", "mlp_dim")
+  if all(config.get(f) for f in fields):
+    return Size(**{f: int(config.get(f)) for f in fields})
+  return get_size(config.get("model_size"))

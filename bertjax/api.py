@@ -1,0 +1,175 @@
+"""The Python API for notebooks and tests: load a model, encode text.
+
+  import bertjax
+  model = bertjax.load("/tmp/bertjax-demo")          # a bertjax workdir
+  model = bertjax.load("path/to/hf-model")            # or an HF model directory
+  out = model.encode(["The cat sat.", "Another sentence."])
+  out["hidden"]        # float32 [batch, length, hidden]  last encoder layer
+  out["mlm_logits"]    # float32 [batch, length, vocab]  (when the model has an MLM head)
+  out["mask"]          # bool    [batch, length]  True on real tokens
+  model.embed(texts)   # float32 [batch, hidden]  mean over real tokens
+
+Token ids are bertjax's ([PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4); for an
+imported model ``model.tokenizer.to_hf_ids`` gives the original ids, and the
+vocabulary axis of mlm_logits follows bertjax's ids (``tokenizer.id_to_piece``).
+Everything runs in float32 with dropout off.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from typing import Any, Sequence
+
+import numpy as np
+
+from bertjax import batch as batch_lib
+
+
+def _is_hf_dir(path: str) -> bool:
+  from bertjax.convert import hf_files
+  return os.path.isfile(os.path.join(path, "config.json")) and any(
+      os.path.isfile(os.path.join(path, name)) for name in (
+          hf_files.SAFETENSORS, hf_files.SAFETENSORS_INDEX, hf_files.TORCH_BIN))
+
+
+def _workdir_tokenizer(config: dict[str, Any], workdir: str):
+  if config.get("tokenizer") == "hf":
+    from bertjax.convert import hf_tokenizers
+    return hf_tokenizers.HfTokenizer(config["tokenizer_path"])
+  from bertjax.data import tokenizer as tokenizer_lib
+  data_dir = config.get("data_dir") or os.path.join(workdir, "data")
+  models = sorted(glob.glob(os.path.join(data_dir, "tokenizers", "*.model")))
+  if not models:
+    raise ValueError(
+        f"No tokenizer under {data_dir}/tokenizers; load the workdir the model "
+        "was trained in, or set its data_dir.")
+  return tokenizer_lib.Tokenizer(models[0])
+
+
+class Model:
+  """A loaded encoder with its tokenizer.
+
+  Attributes:
+    config: dict of the model's config fields.
+    params: the parameters (numpy, float32).
+    tokenizer: ``bertjax.data.tokenizer.Tokenizer`` or
+      ``bertjax.convert.hf_tokenizers.HfTokenizer``; ids are bertjax's.
+    fresh_heads: heads an HF checkpoint lacked, initialised at random
+      ('mlm', 'nsp', 'pooler'); their outputs are left out.
+  """
+
+  def __init__(self, config: dict[str, Any], params: Any, tokenizer,
+               fresh_heads: Sequence[str] = ()):
+    import jax
+    from bertjax.convert import core
+    self.config = dict(config)
+    self.params = params
+    self.tokenizer = tokenizer
+    self.fresh_heads = tuple(fresh_heads)
+    self._module = core.build_model(self.config)
+    self._apply = jax.jit(lambda p, x: self._module.apply({"params": p}, x))
+
+  @property
+  def has_mlm_head(self) -> bool:
+    """False when the checkpoint had no MLM head (a bare encoder)."""
+    return "mlm" not in self.fresh_heads
+
+  def tokenize(self, texts: Sequence[str | tuple[str, str]],
+               max_length: int | None = None) -> dict[str, np.ndarray]:
+    """[CLS] A [SEP] (B [SEP]) rows, padded to the longest.
+
+    Args:
+      texts: strings, or (A, B) pairs for two segments.
+      max_length: truncation length (default max_position_embeddings).
+
+    Returns:
+      int32 [batch, length] tokens, segment_ids, positions, doc_ids (1 on
+      real tokens, 0 on padding).
+    """
+    limit = int(max_length or self.config["max_position_embeddings"])
+    rows, segs = [], []
+    for text in texts:
+      parts = (text,) if isinstance(text, str) else tuple(text)
+      ids, seg = [batch_lib.CLS_ID], [0]
+      for s, part in enumerate(parts):
+        piece = [int(i) for i in self.tokenizer.encode_batch([part])[0]]
+        ids += piece + [batch_lib.SEP_ID]
+        seg += [s] * (len(piece) + 1)
+      rows.append(ids[:limit])
+      segs.append(seg[:limit])
+    length = max(len(r) for r in rows)
+    out = {k: np.zeros((len(rows), length), np.int32)
+           for k in ("tokens", "segment_ids", "doc_ids")}
+    for b, (ids, seg) in enumerate(zip(rows, segs)):
+      out["tokens"][b, :len(ids)] = ids
+      out["segment_ids"][b, :len(ids)] = seg
+      out["doc_ids"][b, :len(ids)] = 1
+    out["positions"] = np.broadcast_to(
+        np.arange(length, dtype=np.int32), (len(rows), length)).copy()
+    return out
+
+  def run(self, inputs: dict[str, np.ndarray], mlm: bool = True) -> dict[str, np.ndarray]:
+    """Runs the encoder on model inputs (see ``tokenize``) of bertjax ids.
+
+    Returns:
+      hidden float32 [batch, length, hidden] and mask bool [batch, length];
+      pooled float32 [batch, hidden] and nsp_logits float32 [batch, 2] where
+      the checkpoint has those heads; mlm_logits float32 [batch, length,
+      vocab] when ``mlm`` and the checkpoint has an MLM head.
+    """
+    tokens = np.asarray(inputs["tokens"], np.int32)
+    batch, length = tokens.shape
+    x = {k: np.asarray(inputs[k], np.int32)
+         for k in ("tokens", "segment_ids", "positions", "doc_ids")}
+    want_mlm = mlm and self.has_mlm_head
+    x["masked_positions"] = np.broadcast_to(
+        np.arange(length if want_mlm else 1, dtype=np.int32),
+        (batch, length if want_mlm else 1))
+    out = self._apply(self.params, x)
+    result = {"hidden": np.asarray(out["hidden"], np.float32),
+              "mask": x["doc_ids"] != 0}
+    for key, head in (("pooled", "pooler"), ("nsp_logits", "nsp")):
+      if key in out and head not in self.fresh_heads:
+        result[key] = np.asarray(out[key], np.float32)
+    if want_mlm:
+      result["mlm_logits"] = np.asarray(out["mlm_logits"], np.float32)
+    return result
+
+  def encode(self, texts: Sequence[str | tuple[str, str]], *, mlm: bool = True,
+             max_length: int | None = None) -> dict[str, np.ndarray]:
+    """Tokenizes and runs ``texts``; see ``run`` for the outputs (plus tokens)."""
+    inputs = self.tokenize(texts, max_length)
+    return {"tokens": inputs["tokens"], **self.run(inputs, mlm=mlm)}
+
+  def embed(self, texts: Sequence[str | tuple[str, str]],
+            max_length: int | None = None) -> np.ndarray:
+    """float32 [batch, hidden]: last hidden states averaged over real tokens
+    (sentence-transformers' mean pooling, unnormalised)."""
+    out = self.encode(texts, mlm=False, max_length=max_length)
+    weights = out["mask"][..., None].astype(np.float32)
+    return (out["hidden"] * weights).sum(1) / np.maximum(weights.sum(1), 1e-9)
+
+
+def load(path: str, step: int | None = None) -> Model:
+  """Loads a bertjax workdir's checkpoint or a Hugging Face model directory.
+
+  Args:
+    path: a workdir with ``checkpoints/`` (trained or imported by bertjax), or
+      an HF directory (config.json + model.safetensors / pytorch_model.bin +
+      tokenizer files), read without writing anything.
+    step: for a workdir, the checkpoint step (default the latest).
+
+  Returns:
+    A Model.
+  """
+  from bertjax.convert import workdir as workdir_lib
+  if os.path.isdir(os.path.join(path, "checkpoints")):
+    config, params, _ = workdir_lib.load_params(path, step)
+    return Model(config, params, _workdir_tokenizer(config, os.path.abspath(path)))
+  if _is_hf_dir(path):
+    fields, params, initialised, _, tokenizer = workdir_lib.load_hf(path)
+    return Model(fields, params, tokenizer, fresh_heads=initialised)
+  raise ValueError(
+      f"{path} is neither a bertjax workdir (no checkpoints/) nor a Hugging Face "
+      "model directory (config.json + model.safetensors); pass one of those.")

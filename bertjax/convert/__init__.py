@@ -1,0 +1,51 @@
+"""Hugging Face interoperability: import and export checkpoints and tokenizers.
+
+  python -m bertjax.convert --from_hf=DIR --workdir=OUT   # HF dir -> bertjax workdir
+  python -m bertjax.convert --to_hf=OUT --workdir=DIR     # bertjax workdir -> HF dir
+
+Layout of the package:
+  rules.py          the one mechanism: a Rule per tensor (transpose/reshape,
+                    vocabulary reordering), shared by every architecture
+  <model_type>.py   one mapping file per architecture (``bert.py``): config
+                    fields, the list of Rules, special tokens, the module
+  core.py           HF tensors <-> bertjax params with a mapping
+  hf_files.py       reading/writing HF directories (safetensors needs no torch)
+  hf_tokenizers.py  the imported model's own tokenizer, with bertjax's ids
+  workdir.py        import into / export from an orbax checkpoint workdir
+
+Adding an architecture: write ``bertjax/convert/<model_type>.py`` with the
+attributes of ``bert.py`` (MODEL_TYPE, BERTJAX_MODEL, HF_ARCHITECTURE,
+BASE_PREFIX, IGNORED, SPECIAL_TOKENS, model_fields, hf_config, rules,
+build_model) and name it in ``ARCHITECTURES``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+# HF model_type -> mapping module. bertjax's own config.model names the same
+# module through BERTJAX_MODEL.
+ARCHITECTURES = {
+    "bert": "bertjax.convert.bert",
+}
+
+
+def mapping_for_hf(model_type: str) -> ModuleType:
+  """The mapping module of an HF ``model_type``, or a ValueError listing them."""
+  if model_type not in ARCHITECTURES:
+    raise ValueError(
+        f"HF model_type {model_type!r} has no bertjax mapping; supported: "
+        f"{', '.join(sorted(ARCHITECTURES))}.")
+  return importlib.import_module(ARCHITECTURES[model_type])
+
+
+def mapping_for_model(model: str) -> ModuleType:
+  """The mapping module whose BERTJAX_MODEL is bertjax's ``config.model``."""
+  for name in ARCHITECTURES.values():
+    module = importlib.import_module(name)
+    if module.BERTJAX_MODEL == model:
+      return module
+  raise ValueError(
+      f"bertjax model {model!r} cannot be exported to Hugging Face yet; "
+      f"supported: {', '.join(sorted(ARCHITECTURES))}.")

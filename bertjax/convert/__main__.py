@@ -1,0 +1,78 @@
+r"""Converts between Hugging Face model directories and bertjax workdirs.
+
+Import (HF -> bertjax), then continue pretraining or evaluate:
+
+  python -m bertjax.convert --from_hf=path/to/bert-base-uncased --workdir=/tmp/bb
+  python -m bertjax.main --config=configs/hf.py:/tmp/bb --workdir=/tmp/bb
+
+``--config`` (default: configs/<model>.py:base of this checkout) supplies the
+training and data fields; the model fields come from the HF config.json.
+
+Export (bertjax -> HF), loadable by transformers' BertForPreTraining:
+
+  python -m bertjax.convert --to_hf=/tmp/bb-hf --workdir=/tmp/bb [--step=N]
+"""
+
+import importlib.util
+import json
+import os
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+import bertjax
+from bertjax import cli
+
+_FROM_HF = flags.DEFINE_string("from_hf", None, "HF model directory to import.")
+_TO_HF = flags.DEFINE_string("to_hf", None, "Directory to write the HF model into.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "The bertjax workdir.")
+_STEP = flags.DEFINE_integer("step", None, "Checkpoint step to export; default the latest.")
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Base config for an import, e.g. configs/bert.py:base.",
+    lock_config=False)
+flags.mark_flags_as_required(["workdir"])
+
+
+def _default_config(model: str):
+  root = os.path.dirname(os.path.dirname(os.path.abspath(bertjax.__file__)))
+  path = os.path.join(root, "configs", f"{model}.py")
+  if not os.path.isfile(path):
+    raise ValueError(
+        f"No {path} to take the training fields from; pass --config=FILE:base.")
+  spec = importlib.util.spec_from_file_location(f"_bertjax_config_{model}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config("base")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  if bool(_FROM_HF.value) == bool(_TO_HF.value):
+    raise ValueError("Pass exactly one of --from_hf=DIR (import) or --to_hf=DIR (export).")
+  from bertjax import convert
+  from bertjax.convert import hf_files
+  from bertjax.convert import workdir as workdir_lib
+  if _TO_HF.value:
+    result = workdir_lib.export_hf(_WORKDIR.value, _TO_HF.value, _STEP.value)
+    print(json.dumps({"exported_step": result["step"], "to": _TO_HF.value,
+                      "tokenizer_files": result["tokenizer_files"]}), flush=True)
+    return
+  model_type = hf_files.read_config(_FROM_HF.value).get("model_type", "")
+  base = _CONFIG.value or _default_config(convert.mapping_for_hf(model_type).BERTJAX_MODEL)
+  report = workdir_lib.import_hf(_FROM_HF.value, _WORKDIR.value, base)
+  for head in report.initialised:
+    print(f"note: the checkpoint has no {head} head; it was freshly initialised.")
+  if report.unused:
+    print(f"note: ignored {len(report.unused)} tensors with no place in bertjax: "
+          f"{', '.join(report.unused[:8])}")
+  print(json.dumps({"imported": _FROM_HF.value, "workdir": os.path.abspath(_WORKDIR.value),
+                    "model_size": report.config.model_size,
+                    "initialised_heads": report.initialised,
+                    "continue_with": f"--config=configs/hf.py:{os.path.abspath(_WORKDIR.value)}"}),
+        flush=True)
+
+
+if __name__ == "__main__":
+  cli.run(main)

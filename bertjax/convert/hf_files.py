@@ -1,0 +1,96 @@
+"""Reading and writing Hugging Face model directories.
+
+Weights are read from ``model.safetensors`` (or its sharded index) with the
+``safetensors`` package's numpy API, which needs no torch. A legacy
+``pytorch_model.bin`` is read only through ``torch.load(weights_only=True)``,
+which refuses arbitrary pickled objects; torch is then required (the ``hf``
+extra). Writing is always safetensors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Any, Mapping
+
+import numpy as np
+
+SAFETENSORS = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+TORCH_BIN = "pytorch_model.bin"
+# Tokenizer files of the BERT family that travel with a model.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "vocab.txt", "vocab.json", "merges.txt", "spiece.model",
+                   "sentencepiece.bpe.model", "spm.model", "added_tokens.json")
+
+
+def read_config(hf_dir: str) -> dict[str, Any]:
+  """config.json of an HF model directory."""
+  path = os.path.join(hf_dir, "config.json")
+  if not os.path.isfile(path):
+    raise ValueError(
+        f"{hf_dir} has no config.json; pass --from_hf a Hugging Face model "
+        "directory (as written by save_pretrained).")
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def _safetensors(path: str) -> dict[str, np.ndarray]:
+  from safetensors.numpy import load_file
+  return load_file(path)
+
+
+def _torch_bin(path: str) -> dict[str, np.ndarray]:
+  try:
+    import torch
+  except ImportError:
+    raise ValueError(
+        f"{path} is a PyTorch pickle, which needs torch to read; install the hf "
+        "extra (pip install -e '.[hf]') or convert it to model.safetensors.") from None
+  state = torch.load(path, map_location="cpu", weights_only=True)
+  return {k: v.float().numpy() if v.is_floating_point() else v.numpy()
+          for k, v in state.items()}
+
+
+def read_tensors(hf_dir: str) -> dict[str, np.ndarray]:
+  """Every tensor of an HF model directory, by state-dict name (numpy)."""
+  single = os.path.join(hf_dir, SAFETENSORS)
+  if os.path.isfile(single):
+    return _safetensors(single)
+  index = os.path.join(hf_dir, SAFETENSORS_INDEX)
+  if os.path.isfile(index):
+    with open(index, encoding="utf-8") as f:
+      shards = sorted(set(json.load(f)["weight_map"].values()))
+    out = {}
+    for shard in shards:
+      out.update(_safetensors(os.path.join(hf_dir, shard)))
+    return out
+  legacy = os.path.join(hf_dir, TORCH_BIN)
+  if os.path.isfile(legacy):
+    return _torch_bin(legacy)
+  raise ValueError(
+      f"{hf_dir} has no {SAFETENSORS} or {TORCH_BIN}; pass --from_hf the "
+      "directory that holds the model's weights.")
+
+
+def write(out_dir: str, config: Mapping[str, Any], tensors: Mapping[str, np.ndarray]) -> None:
+  """Writes config.json and model.safetensors (metadata format 'pt', as
+  transformers expects) into ``out_dir``."""
+  from safetensors.numpy import save_file
+  os.makedirs(out_dir, exist_ok=True)
+  with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as f:
+    json.dump(dict(config), f, indent=2, sort_keys=True)
+  save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()},
+            os.path.join(out_dir, SAFETENSORS), metadata={"format": "pt"})
+
+
+def copy_tokenizer_files(src: str, dst: str) -> list[str]:
+  """Copies the tokenizer files ``src`` has into ``dst``; returns their names."""
+  os.makedirs(dst, exist_ok=True)
+  copied = []
+  for name in TOKENIZER_FILES:
+    if os.path.isfile(os.path.join(src, name)):
+      shutil.copyfile(os.path.join(src, name), os.path.join(dst, name))
+      copied.append(name)
+  return copied

