@@ -21,7 +21,8 @@ from absl import logging
 # Fields that fix the shapes of the parameters: a checkpoint can only be
 # resumed by a config that agrees on all of them.
 MODEL_SHAPE_FIELDS = ("model", "model_size", "vocab_size", "max_position_embeddings",
-                      "type_vocab_size")
+                      "type_vocab_size", "num_layers", "hidden_size", "num_heads",
+                      "mlp_dim", "embedding_size", "layer_sharing", "sentence_head")
 
 
 class Checkpointer:

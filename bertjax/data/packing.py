@@ -3,8 +3,12 @@
 Pure numpy, no grain: the pipeline (``bertjax.data.pipeline``) decides which
 documents to pack and in which order; this module decides what one document
 becomes. A layout is a function ``(doc, config, rng) -> list of rows`` chosen
-by name from ``LAYOUTS`` (``config.layout``); another layout (doc-sentences,
-full-sentences) is another function and another entry, nothing else changes.
+by name from ``LAYOUTS`` (``config.layout``): ``sentence_pairs`` (BERT) and
+``doc_sentences`` (RoBERTa, one document per row). ``full_sentences``
+(RoBERTa) is the one layout whose rows cross documents; it is named in
+``CROSS_DOCUMENT_LAYOUTS`` and read from the document stream with
+``single_segment.fill_row``. The single-segment layouts live in
+``bertjax/data/single_segment.py``.
 
 A document is a mapping of numpy arrays:
   tokens            int32 [n]  token ids (>= NUM_SPECIAL_TOKENS).
@@ -30,6 +34,7 @@ from typing import Any, Callable, Mapping, NamedTuple
 import numpy as np
 
 from bertjax import batch as batch_lib
+from bertjax.data import single_segment
 
 
 class Segment(NamedTuple):
@@ -232,16 +237,35 @@ def sentence_pair_rows(doc: Mapping[str, np.ndarray], config: Any,
 Layout = Callable[[Mapping[str, np.ndarray], Any, np.random.Generator],
                   list[dict[str, np.ndarray]]]
 
-# config.layout -> packing function.
+# config.layout -> packing function of one document.
 LAYOUTS: dict[str, Layout] = {
     "sentence_pairs": sentence_pair_rows,
+    "doc_sentences": single_segment.doc_sentence_rows,
 }
+
+# Layouts whose rows take sentences from consecutive documents of the stream;
+# the pipeline reads them with ``single_segment.document_chunks`` and
+# ``single_segment.fill_row``.
+CROSS_DOCUMENT_LAYOUTS = ("full_sentences",)
+
+
+def is_cross_document(name: str) -> bool:
+  """Whether layout ``name`` packs across documents; raises on unknown names."""
+  if name in CROSS_DOCUMENT_LAYOUTS:
+    return True
+  get_layout(name)
+  return False
 
 
 def get_layout(name: str) -> Layout:
-  """The packing function registered as ``name`` in ``LAYOUTS``."""
+  """The per-document packing function registered as ``name`` in ``LAYOUTS``."""
+  if name in CROSS_DOCUMENT_LAYOUTS:
+    raise ValueError(
+        f"Layout {name!r} packs across documents and has no per-document "
+        "function; read it with single_segment.fill_row (the pipeline does).")
   if name not in LAYOUTS:
+    names = sorted(LAYOUTS) + list(CROSS_DOCUMENT_LAYOUTS)
     raise ValueError(
         f"Unknown packing layout {name!r}; set config.layout to one of "
-        f"{sorted(LAYOUTS)}.")
+        f"{names}.")
   return LAYOUTS[name]

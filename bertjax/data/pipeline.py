@@ -7,6 +7,9 @@ Training (``make_train_iterator``), per host:
     -> each document packed by the layout ``config.layout`` names
        (bertjax.data.packing), seeded by (config.seed, document index) so a pair
        is the same in every epoch: example_id = (document index, pair index)
+       -- or, for a cross-document layout (full_sentences), cut into sentence
+       chunks that one reader packs across consecutive documents:
+       example_id = (document index, chunk index) of the row's first chunk
     -> flattened to single examples, window-shuffled (config.shuffle_window) so
        that the pairs of one document land in different batches (NSP negatives
        are B segments of other examples of the same batch)
@@ -33,6 +36,7 @@ import numpy as np
 
 from bertjax import batch as batch_lib
 from bertjax.data import packing
+from bertjax.data import single_segment
 
 # Threads that read and pack documents ahead of the consumer. Packing holds the
 # GIL, so more threads mostly help sources with slow reads (ArrayRecord files).
@@ -108,6 +112,66 @@ class _PackDocument(grain.transforms.Map):
     epoch, doc_index = element
     return pack_document(self._source[doc_index], doc_index, self._layout,
                          self._config, self._seed, epoch)
+
+
+class _ChunkDocument(grain.transforms.Map):
+  """(epoch, document index) -> the document cut into sentence chunks."""
+
+  def __init__(self, source: Any, seq_len: int):
+    self._source = source
+    self._seq_len = seq_len
+
+  def map(self, element: tuple[int, int]) -> single_segment.DocumentChunks:
+    epoch, doc_index = element
+    return single_segment.document_chunks(self._source[doc_index], doc_index,
+                                          epoch, self._seq_len)
+
+
+class _CrossDocumentIterator(grain.DatasetIterator):
+  """Packs a stream of ``DocumentChunks`` into full_sentences rows.
+
+  The state is the parent's state just before the document being read plus
+  the index of its next chunk: restoring re-reads that one document.
+  """
+
+  def __init__(self, parent: grain.DatasetIterator, seq_len: int):
+    super().__init__(parent)
+    self._seq_len = seq_len
+    self._doc_start = parent.get_state()
+    self._current: single_segment.DocumentChunks | None = None
+    self._chunk = 0
+
+  def _next_document(self) -> single_segment.DocumentChunks | None:
+    self._doc_start = self._parent.get_state()
+    return next(self._parent, None)
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    row, self._current, self._chunk = single_segment.fill_row(
+        self._current, self._chunk, self._next_document, self._seq_len)
+    if row is None:
+      raise StopIteration
+    return row
+
+  def get_state(self) -> dict[str, Any]:
+    return {"doc_start": copy.deepcopy(self._doc_start),
+            "has_document": self._current is not None, "chunk": self._chunk}
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    self._doc_start = copy.deepcopy(state["doc_start"])
+    self._parent.set_state(copy.deepcopy(state["doc_start"]))
+    self._current = next(self._parent) if state["has_document"] else None
+    self._chunk = state["chunk"]
+
+
+class _CrossDocumentIterDataset(grain.IterDataset):
+  """IterDataset of ``_CrossDocumentIterator``."""
+
+  def __init__(self, parent: grain.IterDataset, seq_len: int):
+    super().__init__(parent)
+    self._seq_len = seq_len
+
+  def __iter__(self) -> grain.DatasetIterator:
+    return _CrossDocumentIterator(self._parent.__iter__(), self._seq_len)
 
 
 class _Flatten(grain.experimental.FlatMapTransform):
@@ -236,7 +300,8 @@ def make_train_iterator(config: Any, source: Any, *, local_batch_size: int,
     ``get_state()`` is a JSON-serialisable dict and ``set_state`` resumes
     exactly.
   """
-  packing.get_layout(config.layout)  # fail on a bad name before any reading
+  # Fails on a bad name before any reading.
+  cross_document = packing.is_cross_document(config.layout)
   if local_batch_size < 1 or config.shuffle_window < 1:
     raise ValueError(
         f"local_batch_size={local_batch_size} and config.shuffle_window="
@@ -244,10 +309,16 @@ def make_train_iterator(config: Any, source: Any, *, local_batch_size: int,
   docs = _local_documents(source, process_index, process_count)
   ds = grain.MapDataset.range(len(docs)).repeat()
   ds = ds.map_with_index(_ShuffledDocument(docs, config.seed))
-  ds = ds.map(_PackDocument(source, config, config.seed))
-  ds = ds.to_iter_dataset(grain.ReadOptions(
-      num_threads=_READ_THREADS, prefetch_buffer_size=_READ_BUFFER))
-  ds = grain.experimental.FlatMapIterDataset(ds, _Flatten())
+  read_options = grain.ReadOptions(
+      num_threads=_READ_THREADS, prefetch_buffer_size=_READ_BUFFER)
+  if cross_document:
+    ds = ds.map(_ChunkDocument(source, config.seq_len))
+    ds = _CrossDocumentIterDataset(ds.to_iter_dataset(read_options),
+                                   config.seq_len)
+  else:
+    ds = ds.map(_PackDocument(source, config, config.seed))
+    ds = grain.experimental.FlatMapIterDataset(
+        ds.to_iter_dataset(read_options), _Flatten())
   ds = _WindowShuffleIterDataset(
       ds, config.shuffle_window, (config.seed, _WINDOW_STREAM, process_index))
   ds = ds.batch(local_batch_size, drop_remainder=True, batch_fn=_stack_rows)
@@ -266,7 +337,9 @@ class EvalBatches:
 
   def __init__(self, config: Any, source: Any, *, local_batch_size: int,
                process_index: int, process_count: int, max_batches: int):
-    self._layout = packing.get_layout(config.layout)
+    self._cross_document = packing.is_cross_document(config.layout)
+    self._layout = None if self._cross_document else packing.get_layout(
+        config.layout)
     _local_documents(source, process_index, process_count)
     if local_batch_size < 1:
       raise ValueError(f"local_batch_size={local_batch_size} must be >= 1.")
@@ -282,17 +355,15 @@ class EvalBatches:
     host, hosts, size = self._process_index, self._process_count, self._batch_size
     limit = self._max_batches or None
     rows, produced, total = [], 0, 0
-    for doc_index in range(len(self._source)):
-      for row in pack_document(self._source[doc_index], doc_index, self._layout,
-                               self._config, self._seed, 0):
-        if total % hosts == host:
-          rows.append(row)
-        total += 1
-        if len(rows) == size:
-          yield _stack_rows(rows)
-          rows, produced = [], produced + 1
-          if limit is not None and produced >= limit:
-            return
+    for row in self._all_rows():
+      if total % hosts == host:
+        rows.append(row)
+      total += 1
+      if len(rows) == size:
+        yield _stack_rows(rows)
+        rows, produced = [], produced + 1
+        if limit is not None and produced >= limit:
+          return
     # Global example k sits in batch k // (size * hosts) on every host, so
     # every host owes ceil(total / (size * hosts)) batches; a host whose rows
     # ran out early pads the rest (at most one batch in practice).
@@ -302,6 +373,18 @@ class EvalBatches:
     while produced < owed:
       yield self._padded(rows)
       rows, produced = [], produced + 1
+
+  def _all_rows(self) -> Iterator[dict[str, np.ndarray]]:
+    """Every row of the split, in document order."""
+    if self._cross_document:
+      yield from single_segment.full_sentence_rows(
+          (single_segment.document_chunks(self._source[i], i, 0,
+                                          self._config.seq_len)
+           for i in range(len(self._source))), self._config.seq_len)
+      return
+    for doc_index in range(len(self._source)):
+      yield from pack_document(self._source[doc_index], doc_index, self._layout,
+                               self._config, self._seed, 0)
 
   def _padded(self, rows: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     out = batch_lib.empty_batch(self._batch_size, self._config.seq_len)

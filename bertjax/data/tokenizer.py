@@ -23,7 +23,14 @@ from sentencepiece import sentencepiece_model_pb2
 
 from bertjax import batch as batch_lib
 
-MODEL_TYPES = ("unigram", "bpe")
+# config.tokenizer -> (sentencepiece model type, byte_fallback). 'bpe_bytes' is
+# RoBERTa's byte-level BPE as sentencepiece offers it: BPE whose unknown
+# characters fall back to their UTF-8 bytes (256 '<0x..>' pieces), so no text
+# maps to [UNK]. RoBERTa's <pad> <unk> <s> </s> <mask> are bertjax's fixed
+# [PAD] [UNK] [CLS] [SEP] [MASK] ids under their bertjax names.
+_MODEL_TYPES = {"unigram": ("unigram", False), "bpe": ("bpe", False),
+                "bpe_bytes": ("bpe", True)}
+MODEL_TYPES = tuple(_MODEL_TYPES)
 # Sentencepiece marks the start of a word (a piece preceded by whitespace) with this.
 WORD_START = "\u2581"
 # Fixed seed of sentencepiece's trainer: the same corpus gives the same model.
@@ -44,12 +51,13 @@ def file_fingerprint(path: str) -> str:
 
 
 def model_type_of(path: str) -> str:
-  """The sentencepiece model type ('unigram', 'bpe', ...) stored in a .model file."""
+  """The tokenizer type ('unigram', 'bpe', 'bpe_bytes', ...) of a .model file."""
   proto = sentencepiece_model_pb2.ModelProto()
   with open(path, "rb") as f:
     proto.ParseFromString(f.read())
-  return sentencepiece_model_pb2.TrainerSpec.ModelType.Name(
+  name = sentencepiece_model_pb2.TrainerSpec.ModelType.Name(
       proto.trainer_spec.model_type).lower()
+  return f"{name}_bytes" if proto.trainer_spec.byte_fallback else name
 
 
 class Tokenizer:
@@ -123,7 +131,7 @@ def train(sentences: Iterable[str], model_path: str, vocab_size: int,
     sentences: training text, one sentence per item.
     model_path: where to write the ``.model`` file (written atomically).
     vocab_size: exact number of ids, the 5 special tokens included.
-    model_type: 'unigram' or 'bpe'.
+    model_type: 'unigram', 'bpe' or 'bpe_bytes' (BPE with byte fallback).
 
   Returns:
     The trained Tokenizer.
@@ -150,7 +158,8 @@ def train(sentences: Iterable[str], model_path: str, vocab_size: int,
     spm.SentencePieceTrainer.train(
         sentence_iterator=capped(),
         model_writer=model,
-        model_type=model_type,
+        model_type=_MODEL_TYPES[model_type][0],
+        byte_fallback=_MODEL_TYPES[model_type][1],
         vocab_size=vocab_size,
         pad_id=batch_lib.PAD_ID, pad_piece="[PAD]",
         unk_id=batch_lib.UNK_ID, unk_piece="[UNK]",

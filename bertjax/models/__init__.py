@@ -15,9 +15,11 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from bertjax.models import albert
 from bertjax.models import bert
 
 _BUILDERS: dict[str, Callable[[ml_collections.ConfigDict, Any], nn.Module]] = {
+    "albert": albert.from_config,
     "bert": bert.from_config,
 }
 

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from bertjax.objectives import albert
 from bertjax.objectives import base
 from bertjax.objectives import bert
+from bertjax.objectives import mlm_only
 
 _REGISTRY: dict[str, Callable[[Any], base.Objective]] = {
+    "albert": albert.AlbertObjective,
     "bert": bert.BertObjective,
+    "mlm_only": mlm_only.MlmOnlyObjective,
 }
 
 

@@ -7,6 +7,12 @@ scores and ``top_k``, then scatter/gather. The choosers work on ONE row
 draws from its own key and the result does not depend on the row's place in
 the batch or on the number of devices.
 
+Choosers: ``choose_positions`` (tokens), ``choose_whole_words`` (words), and
+the span family ``choose_spans`` = ``tile_units`` (cut candidate runs into
+spans of drawn lengths) + ``choose_tiles`` (take whole groups within the
+budget), which gives ALBERT's n-grams with ``ngram_length_probs`` and serves
+any other span-length law.
+
 Shapes: ``L`` is the sequence length, ``P`` the number of prediction slots
 (``config.max_predictions_per_seq``), ``B`` the batch size.
 """
@@ -20,6 +26,8 @@ import numpy as np
 from bertjax import batch as batch_lib
 
 MASKING_MODES = ("static", "dynamic")
+# Greedy passes of ``choose_tiles``; each one skips the tiles that overflow.
+_FILL_PASSES = 4
 
 
 def check_masking_mode(masking: str) -> None:
@@ -222,3 +230,136 @@ def replace_tokens(rng: jax.Array, tokens: jax.Array, positions: jax.Array,
   # real write to position 0.
   target = jnp.where(weights > 0, positions, seq_len)
   return tokens.at[target].set(new.astype(tokens.dtype), mode="drop")
+
+
+def ngram_length_probs(max_n: int) -> np.ndarray:
+  """ALBERT's n-gram length law: ``P(n) = (1/n) / sum_k (1/k)``, n = 1..max_n.
+
+  Returns:
+    float64 [max_n]; entry n - 1 is P(n).
+  """
+  if max_n < 1:
+    raise ValueError(f"max_ngram={max_n} must be at least 1; fix --config.max_ngram.")
+  weights = 1.0 / np.arange(1, max_n + 1)
+  return weights / weights.sum()
+
+
+def tile_units(rng: jax.Array, unit_candidates: jax.Array,
+               length_probs: np.ndarray) -> jax.Array:
+  """Cuts every run of consecutive candidate units of one row into spans.
+
+  One sequence of span lengths ``n_1, n_2, ...`` is drawn i.i.d. from
+  ``length_probs`` per row, and every maximal run of candidate units is tiled
+  from its start with it (so runs of one row share the sequence). The spans
+  never cross a non-candidate unit (special token, padding); the last span of
+  a run is cut at the run's end, so only it can be shorter than its draw.
+  Fully parallel: a cumulative sum and a ``searchsorted``, no scan.
+
+  Args:
+    rng: key for this row.
+    unit_candidates: bool [U], True for units (tokens or words) that may be
+      chosen.
+    length_probs: float [K], entry n - 1 = probability of a span of n units
+      (e.g. ``ngram_length_probs``); static.
+
+  Returns:
+    int32 [U]: index of the first unit of the span each unit belongs to, U for
+    non-candidate units.
+  """
+  num_units = unit_candidates.shape[-1]
+  logits = jnp.log(jnp.asarray(length_probs, jnp.float32))
+  lengths = 1 + jax.random.categorical(rng, logits, shape=(num_units,))
+  ends = jnp.cumsum(lengths)  # span j covers run offsets [ends[j-1], ends[j])
+  index = jnp.arange(num_units, dtype=jnp.int32)
+  run_start = jax.lax.cummax(jnp.where(unit_candidates, -1, index)) + 1
+  offset = index - run_start
+  span = jnp.searchsorted(ends, offset, side="right")
+  span_offset = jnp.where(span > 0, ends[jnp.maximum(span - 1, 0)], 0)
+  return jnp.where(unit_candidates, run_start + span_offset,
+                   num_units).astype(jnp.int32)
+
+
+def choose_tiles(rng: jax.Array, candidates: jax.Array, tile: jax.Array, *,
+                 rate: float, max_predictions: int) -> tuple[jax.Array, jax.Array]:
+  """Chooses whole tiles of one row: the tokens of a tile share its fate.
+
+  The token budget is ``prediction_budget(number of candidate tokens)``, as in
+  token masking. Tiles (groups with at least one candidate token) are put in
+  a uniformly random order and taken greedily in that order, a tile that
+  would overflow the budget being skipped -- the rule of BERT's and ALBERT's
+  data scripts -- except that the greedy scan is done as ``_FILL_PASSES``
+  parallel passes: each pass takes the longest prefix (in that order) of the
+  not-yet-taken tiles that still fit individually. The chosen count is at
+  most the budget; it falls short only when more than ``_FILL_PASSES``
+  overflowing tiles are met, which multi-token tiles make rare enough that
+  the rate stays within a percent of BERT's (``choose_whole_words`` stops at
+  the first overflow instead).
+
+  Args:
+    rng: key for this row.
+    candidates: bool [L], True where a token may be chosen.
+    tile: int32 [L], group id in [0, L] of every token; L = in no tile.
+    rate: fraction of candidate tokens to choose.
+    max_predictions: P, <= L.
+
+  Returns:
+    positions int32 [P] ascending (unused slots 0), weights float32 [P].
+  """
+  seq_len = candidates.shape[-1]
+  _check_slots(seq_len, max_predictions)
+  budget = prediction_budget(
+      jnp.sum(candidates, dtype=jnp.int32), seq_len, rate, max_predictions)
+  size = jax.ops.segment_sum(candidates.astype(jnp.int32), tile,
+                             num_segments=seq_len + 1)[:seq_len]
+  scores = jnp.where(size > 0, jax.random.uniform(rng, (seq_len,)), -1.0)
+  order = jnp.argsort(-scores)
+  size_in_order = size[order]
+  taken = jnp.zeros((seq_len,), bool)
+  remaining = budget
+  for _ in range(_FILL_PASSES):
+    fits = (size_in_order > 0) & ~taken & (size_in_order <= remaining)
+    running = jnp.cumsum(jnp.where(fits, size_in_order, 0))
+    new = fits & (running <= remaining)
+    taken = taken | new
+    remaining = remaining - jnp.sum(jnp.where(new, size_in_order, 0))
+  take = jnp.zeros((seq_len + 1,), bool).at[order].set(taken)
+  return first_positions(candidates & take[tile], max_predictions)
+
+
+def choose_spans(rng: jax.Array, candidates: jax.Array, word_starts: jax.Array,
+                 *, rate: float, max_predictions: int,
+                 length_probs: np.ndarray,
+                 whole_word: bool) -> tuple[jax.Array, jax.Array]:
+  """Chooses spans of consecutive units (tokens or whole words) of one row.
+
+  Units are tokens, or words when ``whole_word`` (a word as in
+  ``choose_whole_words``); a unit is a candidate when it holds a candidate
+  token. ``tile_units`` cuts the candidate runs into spans with lengths drawn
+  from ``length_probs`` and ``choose_tiles`` takes whole spans within the
+  budget. With ``ngram_length_probs(3)`` this is ALBERT's n-gram masking; a
+  span never crosses a special token, so never crosses segments or packed
+  documents.
+
+  Args:
+    rng: key for this row.
+    candidates: bool [L], True where a token may be chosen.
+    word_starts: bool [L], True at the first sub-token of each word.
+    rate: fraction of candidate tokens to choose.
+    max_predictions: P, <= L.
+    length_probs: float [K], probability of a span of n units at n - 1.
+    whole_word: spans count words instead of tokens.
+
+  Returns:
+    positions int32 [P] ascending (unused slots 0), weights float32 [P].
+  """
+  seq_len = candidates.shape[-1]
+  if whole_word:
+    unit = jnp.maximum(jnp.cumsum(word_starts.astype(jnp.int32)) - 1, 0)
+  else:
+    unit = jnp.arange(seq_len, dtype=jnp.int32)
+  unit_size = jax.ops.segment_sum(candidates.astype(jnp.int32), unit,
+                                  num_segments=seq_len)
+  tile_key, choose_key = jax.random.split(rng)
+  unit_tile = tile_units(tile_key, unit_size > 0, length_probs)
+  return choose_tiles(choose_key, candidates, unit_tile[unit], rate=rate,
+                      max_predictions=max_predictions)

@@ -31,6 +31,9 @@ class MlmSettings:
     mask_token_rate: of the chosen, fraction replaced by [MASK].
     random_token_rate: of the chosen, fraction replaced by a random token.
     whole_word: choose whole words (``masking.choose_whole_words``).
+    max_ngram: above 1, choose n-grams of n <= max_ngram units (tokens, or
+      words with ``whole_word``), P(n) ∝ 1/n, as ALBERT does
+      (``masking.choose_spans``); 1 = single units.
   """
   vocab_size: int
   mask_rate: float
@@ -38,6 +41,7 @@ class MlmSettings:
   mask_token_rate: float
   random_token_rate: float
   whole_word: bool
+  max_ngram: int = 1
 
   @classmethod
   def from_config(cls, config: Any) -> "MlmSettings":
@@ -48,7 +52,10 @@ class MlmSettings:
         max_predictions=int(config.max_predictions_per_seq),
         mask_token_rate=float(config.mask_token_rate),
         random_token_rate=float(config.random_token_rate),
-        whole_word=bool(config.whole_word_masking))
+        whole_word=bool(config.whole_word_masking),
+        # Configs written before n-gram masking existed mean single units.
+        max_ngram=int(config.get("max_ngram", 1)))
+    masking.ngram_length_probs(settings.max_ngram)  # checks max_ngram >= 1
     if settings.vocab_size <= batch_lib.NUM_SPECIAL_TOKENS:
       raise ValueError(
           f"vocab_size={settings.vocab_size} leaves no ordinary tokens after "
@@ -97,7 +104,13 @@ def mask_batch(keys: jax.Array, tokens: jax.Array, special: jax.Array,
 
   def one_row(key, row_tokens, row_candidates, row_starts):
     choose_key, replace_key = jax.random.split(key)
-    if settings.whole_word:
+    if settings.max_ngram > 1:
+      positions, weights = masking.choose_spans(
+          choose_key, row_candidates, row_starts, rate=settings.mask_rate,
+          max_predictions=settings.max_predictions,
+          length_probs=masking.ngram_length_probs(settings.max_ngram),
+          whole_word=settings.whole_word)
+    elif settings.whole_word:
       positions, weights = masking.choose_whole_words(
           choose_key, row_candidates, row_starts, rate=settings.mask_rate,
           max_predictions=settings.max_predictions)

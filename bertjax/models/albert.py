@@ -1,0 +1,295 @@
+"""ALBERT: factorized embeddings and cross-layer parameter sharing.
+
+The two architectural differences from BERT (Lan et al., 2019):
+
+* Factorized embedding: tokens are embedded in a small space of size E
+  (``config.embedding_size``, 128 in the paper) and projected to the hidden
+  size H, so the embedding costs V·E + E·H parameters instead of V·H. The MLM
+  head maps back to E and is tied to the same V × E table.
+* Cross-layer sharing (``config.layer_sharing``): the L layers reuse one set
+  of weights for their attention sublayers (``attention``), their
+  feed-forward sublayers (``ffn``), both (``all``: one layer's weights applied
+  L times, the paper's default) or nothing (``none``: BERT's stack). A
+  sublayer's LayerNorm is shared with it.
+
+The sublayers are the BERT ones of ``layers.py`` (``MultiHeadAttention``,
+``Mlp``, post-LayerNorm residuals), so ``layer_sharing='none'`` with E = H
+computes exactly a BERT encoder.
+
+Inputs and outputs follow ``bertjax/objectives/base.py``: mlm_logits float32
+[batch, predictions, vocab], nsp_logits float32 [batch, 2] (the SOP head),
+hidden [batch, length, embed] and pooled [batch, embed].
+
+Parameter tree (``n`` = 1 for a shared sublayer, L otherwise)::
+
+  embeddings/{word_embeddings [V, E], position_embeddings [P, E],
+              type_embeddings [T, E], layer_norm [E], projection [E, H]}
+  encoder/{attention_0..n-1, attention_norm_0..n-1, mlp_0..n-1,
+           mlp_norm_0..n-1}
+  pooler [H, H], mlm_head/{dense [H, E], layer_norm [E], output_bias [V]},
+  sop [H, 2]
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from bertjax.models import layers
+from bertjax.models import sizes
+
+Dtype = Any
+
+SHARING_MODES = ("all", "attention", "ffn", "none")
+
+
+def _small_norm(dtype: Dtype, name: str | None = None) -> nn.LayerNorm:
+  """LayerNorm over the E-sized embedding space (left unsharded: E is small)."""
+  return nn.LayerNorm(
+      epsilon=layers.LAYER_NORM_EPS, dtype=dtype, param_dtype=jnp.float32,
+      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(),
+                                              (None,)),
+      bias_init=layers.zeros_init(None), name=name)
+
+
+class FactorizedEmbeddings(nn.Module):
+  """Word + position + segment embeddings of size E, LayerNorm, then E -> H.
+
+  Attributes:
+    vocab_size, max_position_embeddings, type_vocab_size: table rows.
+    embedding_size: E.
+    hidden_size: H.
+    dropout_rate: dropout on the normalised embeddings.
+    dtype: compute dtype.
+  """
+  vocab_size: int
+  embedding_size: int
+  hidden_size: int
+  max_position_embeddings: int
+  type_vocab_size: int
+  dropout_rate: float = 0.0
+  dtype: Dtype = jnp.float32
+
+  def setup(self):
+    def table(rows: int, row_axis: str, name: str) -> nn.Embed:
+      return nn.Embed(
+          num_embeddings=rows, features=self.embedding_size, dtype=self.dtype,
+          param_dtype=jnp.float32,
+          embedding_init=layers.kernel_init(row_axis, None), name=name)
+
+    self.word_embeddings = table(self.vocab_size, "vocab", "word_embeddings")
+    self.position_embeddings = table(
+        self.max_position_embeddings, "position", "position_embeddings")
+    self.type_embeddings = table(self.type_vocab_size, "type",
+                                 "type_embeddings")
+    self.layer_norm = _small_norm(self.dtype, "layer_norm")
+    self.dropout = nn.Dropout(rate=self.dropout_rate)
+    self.projection = nn.Dense(
+        self.hidden_size, dtype=self.dtype, param_dtype=jnp.float32,
+        kernel_init=layers.kernel_init(None, "embed"),
+        bias_init=layers.zeros_init("embed"), name="projection")
+
+  def __call__(self, tokens: jax.Array, segment_ids: jax.Array,
+               positions: jax.Array, deterministic: bool) -> jax.Array:
+    """Embeds int32 [batch, length] ids into [batch, length, H] (dtype)."""
+    x = (self.word_embeddings(tokens) + self.position_embeddings(positions) +
+         self.type_embeddings(segment_ids))
+    x = self.dropout(self.layer_norm(x), deterministic)
+    return self.projection(x)
+
+  def attend(self, x: jax.Array) -> jax.Array:
+    """Scores [..., E] against every word embedding: float32 [..., vocab]."""
+    table = self.word_embeddings.embedding.astype(self.dtype)
+    return jnp.einsum("...e,ve->...v", x.astype(self.dtype), table,
+                      preferred_element_type=jnp.float32)
+
+
+class SharedEncoder(nn.Module):
+  """L post-LayerNorm BERT layers whose sublayers may share weights.
+
+  Attributes:
+    num_layers: L, the number of layer applications.
+    num_heads, mlp_dim: sublayer sizes.
+    layer_sharing: one of SHARING_MODES.
+    dropout_rate: dropout on sublayer outputs.
+    attention_dropout_rate: dropout on attention probabilities.
+    dtype: compute dtype.
+  """
+  num_layers: int
+  num_heads: int
+  mlp_dim: int
+  layer_sharing: str = "all"
+  dropout_rate: float = 0.0
+  attention_dropout_rate: float = 0.0
+  dtype: Dtype = jnp.float32
+
+  def setup(self):
+    if self.layer_sharing not in SHARING_MODES:
+      raise ValueError(
+          f"Unknown layer_sharing {self.layer_sharing!r}; set "
+          f"--config.layer_sharing to one of {', '.join(SHARING_MODES)}.")
+    shared_attention = self.layer_sharing in ("all", "attention")
+    shared_mlp = self.layer_sharing in ("all", "ffn")
+    num_attention = 1 if shared_attention else self.num_layers
+    num_mlp = 1 if shared_mlp else self.num_layers
+    # Lists in setup are named attention_0, attention_1, ... by flax.
+    self.attention = [
+        layers.MultiHeadAttention(
+            num_heads=self.num_heads, dropout_rate=self.attention_dropout_rate,
+            dtype=self.dtype) for _ in range(num_attention)]
+    self.attention_norm = [layers.layer_norm(self.dtype, None)
+                           for _ in range(num_attention)]
+    self.mlp = [layers.Mlp(mlp_dim=self.mlp_dim, dtype=self.dtype)
+                for _ in range(num_mlp)]
+    self.mlp_norm = [layers.layer_norm(self.dtype, None) for _ in range(num_mlp)]
+    self.dropout = nn.Dropout(rate=self.dropout_rate)
+
+  def __call__(self, x: jax.Array, mask: jax.Array,
+               deterministic: bool) -> jax.Array:
+    """Maps [batch, length, embed] to [batch, length, embed] (``dtype``).
+
+    ``mask`` is bool [batch, 1, length, length] (``layers.doc_attention_mask``).
+    """
+    x = nn.with_logical_constraint(x, layers.HIDDEN_AXES)
+    for i in range(self.num_layers):
+      a = min(i, len(self.attention) - 1)
+      m = min(i, len(self.mlp) - 1)
+      y = self.attention[a](x, mask, deterministic)
+      x = self.attention_norm[a](x + self.dropout(y, deterministic))
+      y = self.mlp[m](x)
+      x = self.mlp_norm[m](x + self.dropout(y, deterministic))
+      x = nn.with_logical_constraint(x, layers.HIDDEN_AXES)
+    return x
+
+
+class AlbertMlmHead(nn.Module):
+  """dense(H -> E) -> GELU -> LayerNorm(E) -> tied V × E decoder + bias.
+
+  Attributes:
+    vocab_size: size of the output bias.
+    embedding_size: E.
+    dtype: compute dtype.
+  """
+  vocab_size: int
+  embedding_size: int
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array, decode) -> jax.Array:
+    """Maps [..., H] to float32 [..., vocab] through ``decode`` ([..., E])."""
+    x = nn.Dense(self.embedding_size, dtype=self.dtype, param_dtype=jnp.float32,
+                 kernel_init=layers.kernel_init("embed", None),
+                 bias_init=layers.zeros_init(None), name="dense")(x)
+    x = _small_norm(self.dtype, "layer_norm")(nn.gelu(x, approximate=False))
+    bias = self.param("output_bias", layers.zeros_init("vocab"),
+                      (self.vocab_size,), jnp.float32)
+    return decode(x) + bias
+
+
+class AlbertForPretraining(nn.Module):
+  """ALBERT with its pooler, tied MLM head and sentence-order (SOP) head.
+
+  Attributes:
+    vocab_size, max_position_embeddings, type_vocab_size: table sizes.
+    embedding_size: E.
+    num_layers, hidden_size, num_heads, mlp_dim: a row of sizes.SIZES.
+    layer_sharing: one of SHARING_MODES.
+    dropout_rate, attention_dropout_rate: as in BERT (ALBERT uses 0).
+    dtype: compute dtype (parameters are always float32).
+  """
+  vocab_size: int
+  max_position_embeddings: int
+  type_vocab_size: int
+  embedding_size: int
+  num_layers: int
+  hidden_size: int
+  num_heads: int
+  mlp_dim: int
+  layer_sharing: str = "all"
+  dropout_rate: float = 0.0
+  attention_dropout_rate: float = 0.0
+  dtype: Dtype = jnp.float32
+
+  def setup(self):
+    self.embeddings = FactorizedEmbeddings(
+        vocab_size=self.vocab_size, embedding_size=self.embedding_size,
+        hidden_size=self.hidden_size,
+        max_position_embeddings=self.max_position_embeddings,
+        type_vocab_size=self.type_vocab_size, dropout_rate=self.dropout_rate,
+        dtype=self.dtype)
+    self.encoder = SharedEncoder(
+        num_layers=self.num_layers, num_heads=self.num_heads,
+        mlp_dim=self.mlp_dim, layer_sharing=self.layer_sharing,
+        dropout_rate=self.dropout_rate,
+        attention_dropout_rate=self.attention_dropout_rate, dtype=self.dtype)
+    self.pooler = nn.Dense(
+        self.hidden_size, dtype=self.dtype, param_dtype=jnp.float32,
+        kernel_init=layers.kernel_init("embed", None),
+        bias_init=layers.zeros_init(None))
+    self.mlm_head = AlbertMlmHead(vocab_size=self.vocab_size,
+                                  embedding_size=self.embedding_size,
+                                  dtype=self.dtype)
+    self.sop = nn.Dense(
+        2, dtype=jnp.float32, param_dtype=jnp.float32,
+        kernel_init=layers.kernel_init("embed", None),
+        bias_init=layers.zeros_init(None))
+
+  def __call__(self, inputs: Mapping[str, jax.Array],
+               deterministic: bool = True) -> dict[str, jax.Array]:
+    """Runs the model on tokens, segment_ids, positions, doc_ids (int32
+    [batch, length]) and masked_positions (int32 [batch, predictions])."""
+    x = self.embeddings(inputs["tokens"], inputs["segment_ids"],
+                        inputs["positions"], deterministic)
+    mask = layers.doc_attention_mask(inputs["doc_ids"])
+    hidden = self.encoder(x, mask, deterministic)
+    pooled = jnp.tanh(self.pooler(hidden[:, 0]))
+    picked = jnp.take_along_axis(
+        hidden, inputs["masked_positions"][:, :, None], axis=1)
+    return dict(
+        mlm_logits=self.mlm_head(picked, self.embeddings.attend),
+        nsp_logits=self.sop(pooled),
+        hidden=hidden,
+        pooled=pooled)
+
+
+def from_config(config: ml_collections.ConfigDict,
+                dtype: Dtype) -> AlbertForPretraining:
+  """Builds AlbertForPretraining from a config (see configs/albert.py).
+
+  Args:
+    config: uses model_size, vocab_size, embedding_size, layer_sharing,
+      max_position_embeddings, type_vocab_size, dropout_rate,
+      attention_dropout_rate and seq_len.
+    dtype: the compute dtype, already parsed from config.dtype.
+  """
+  size = sizes.resolve(config)
+  if config.layer_sharing not in SHARING_MODES:
+    raise ValueError(
+        f"Unknown layer_sharing {config.layer_sharing!r}; set "
+        f"--config.layer_sharing to one of {', '.join(SHARING_MODES)}.")
+  if config.embedding_size < 1:
+    raise ValueError(
+        f"embedding_size={config.embedding_size} must be positive; set "
+        f"--config.embedding_size (ALBERT uses 128).")
+  if config.get("seq_len", 0) > config.max_position_embeddings:
+    raise ValueError(
+        f"seq_len {config.seq_len} exceeds max_position_embeddings "
+        f"{config.max_position_embeddings}; lower --config.seq_len or raise "
+        f"--config.max_position_embeddings.")
+  return AlbertForPretraining(
+      vocab_size=config.vocab_size,
+      max_position_embeddings=config.max_position_embeddings,
+      type_vocab_size=config.type_vocab_size,
+      embedding_size=config.embedding_size,
+      num_layers=size.num_layers,
+      hidden_size=size.hidden_size,
+      num_heads=size.num_heads,
+      mlp_dim=size.mlp_dim,
+      layer_sharing=config.layer_sharing,
+      dropout_rate=config.dropout_rate,
+      attention_dropout_rate=config.attention_dropout_rate,
+      dtype=dtype)
