@@ -47,16 +47,21 @@ def trained_workdir(tmp_path_factory, demo_config, demo_data):
   return workdir
 
 
-def test_misspelt_config_key_names_the_closest_field(tmp_path):
+@pytest.mark.parametrize("args,start,needle", [
+    (["--config=configs/bert.py:tiny", "--config.mask_ratee=0.2"],
+     "error: Unknown config field 'mask_ratee'", "--config.mask_rate?"),
+    (["--config=configs/bert.py:tinyy"], "error: Unknown model_size 'tinyy'",
+     "--config.model_size to one of tiny, mini"),
+])
+def test_cli_config_mistakes_get_one_line(tmp_path, args, start, needle):
   workdir = tmp_path / "never"
   proc = subprocess.run(
-      [sys.executable, "-m", "bertjax.main", "--config=configs/bert.py:tiny",
-       "--config.mask_ratee=0.2", f"--workdir={workdir}"],
+      [sys.executable, "-m", "bertjax.main", *args, f"--workdir={workdir}"],
       cwd=ROOT, capture_output=True, text=True, timeout=120)
   assert proc.returncode != 0
   lines = [l for l in proc.stderr.splitlines() if l.strip()]
-  assert lines[-1].startswith("error: Unknown config field 'mask_ratee'")
-  assert "--config.mask_rate?" in lines[-1]
+  assert lines[-1].startswith(start)
+  assert needle in lines[-1]
   assert "Traceback" not in proc.stderr
   assert not workdir.exists()
 
