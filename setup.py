@@ -31,6 +31,9 @@ EXTRAS = {
            "torch==2.13.0"],
     # Ahead-of-time compilation for TPU topologies from a CPU host.
     "tpu": ["libtpu"],
+    # bench/step_bench.py --compare: HF Flax (transformers 4.x, the last with
+    # Flax models) and PyTorch BertForMaskedLM; torch must be the CPU wheel.
+    "bench": ["transformers>=4.40,<5", "torch==2.13.0"],
 }
 
 setuptools.setup(

@@ -11,6 +11,7 @@ complete, so only fully written checkpoints are ever listed and restored.
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -133,3 +134,47 @@ class Checkpointer:
   def close(self) -> None:
     self._manager.wait_until_finished()
     self._manager.close()
+
+
+class BestCheckpoint:
+  """Keeps, apart from the rolling checkpoints, the one with the lowest
+  held-out loss: ``<workdir>/best_checkpoint/<step>/`` plus ``best.json``.
+
+  Only written when the run evaluates during training
+  (``config.eval_every_steps > 0``). Restoring it works like any checkpoint:
+  ``Checkpointer`` pointed at the same items.
+  """
+
+  def __init__(self, workdir: str):
+    self.directory = os.path.join(os.path.abspath(workdir), "best_checkpoint")
+    self._record = os.path.join(self.directory, "best.json")
+    self._manager = None
+    self.best = None
+    if os.path.exists(self._record):
+      with open(self._record, encoding="utf-8") as f:
+        self.best = json.load(f)
+
+  def offer(self, step: int, loss: float, state, iterator_state, config,
+            tokenizer_fingerprint: str) -> bool:
+    """Saves ``state`` if ``loss`` beats the best so far; returns whether it did."""
+    if self.best is not None and not loss < self.best["loss"]:
+      return False
+    if self._manager is None:
+      self._manager = ocp.CheckpointManager(
+          self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=1),
+          item_names=("state", "data", "config"))
+    data = {"iterator": iterator_state, "tokenizer_fingerprint": tokenizer_fingerprint}
+    self._manager.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data),
+        config=ocp.args.JsonSave(config.to_dict())), force=True)
+    self._manager.wait_until_finished()
+    self.best = {"step": int(step), "loss": float(loss)}
+    if jax.process_index() == 0:
+      with open(self._record, "w", encoding="utf-8") as f:
+        json.dump(self.best, f)
+    logging.info("New best held-out loss %.4f at step %d.", loss, step)
+    return True
+
+  def close(self) -> None:
+    if self._manager is not None:
+      self._manager.close()

@@ -24,6 +24,7 @@ from absl import logging
 from bertjax import checkpointing
 from bertjax import config_validation
 from bertjax import evaluation
+from bertjax import flops
 from bertjax import guards
 from bertjax import metrics as metrics_lib
 from bertjax import models
@@ -41,34 +42,49 @@ _DROPOUT_STREAM = 0xD50  # fold_in constant separating dropout from masking keys
 
 
 def train_step(state: state_lib.TrainState, batch: dict[str, jax.Array],
-               rng: jax.Array, *, model, objective, tx, debug_nan_step: int = -1):
+               rng: jax.Array, *, model, objective, tx, debug_nan_step: int = -1,
+               microbatches: int = 1, mesh=None):
   """One optimizer step. Pure; jitted once by ``make_train_step``.
 
   An update whose loss or gradient norm is not finite is not applied: params
   and optimizer state stay as they were, the step counter advances and
   ``metrics['skipped']`` is 1 (bertjax/guards.py decides what happens next).
 
+  With ``microbatches > 1`` the gradient of the whole global batch is
+  accumulated over that many slices (``_accumulate``), so the update is the
+  one a single big batch would give, to float rounding.
+
   Args:
     state: the TrainState.
     batch: a global Batch (bertjax/batch.py) of sharded device arrays.
     rng: the run's root key; per-step keys are ``fold_in(rng, state.step)``.
     debug_nan_step: test hook; the loss of this step is made NaN.
+    microbatches: gradient-accumulation slices of the batch.
+    mesh: the device mesh; keeps each micro-batch split over all batch devices.
 
   Returns:
     (new state, metrics as {name: (sum, count)}).
   """
+  # The whole batch is corrupted at once, before any split: masks are keyed by
+  # example_id either way, and the NSP partner of an example is drawn from the
+  # whole global batch, exactly as without accumulation.
   inputs, targets = objective.corrupt(rng, batch, state.step)
   dropout_rng = jax.random.fold_in(
       jax.random.fold_in(rng, _DROPOUT_STREAM), state.step)
 
-  def loss_fn(params):
-    outputs = model.apply({"params": params}, inputs, deterministic=False,
-                          rngs={"dropout": dropout_rng})
-    loss, metrics = objective.loss(outputs, targets)
-    loss = jnp.where(state.step == debug_nan_step, jnp.nan, loss)
-    return loss, metrics
+  if microbatches == 1:
+    def loss_fn(params):
+      outputs = model.apply({"params": params}, inputs, deterministic=False,
+                            rngs={"dropout": dropout_rng})
+      return objective.loss(outputs, targets)
 
-  (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        state.params)
+  else:
+    loss, metrics, grads = _accumulate(state.params, inputs, targets,
+                                       dropout_rng, model, objective,
+                                       microbatches, mesh)
+  loss = jnp.where(state.step == debug_nan_step, jnp.nan, loss)
   grad_norm = optax.global_norm(grads)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -82,12 +98,99 @@ def train_step(state: state_lib.TrainState, batch: dict[str, jax.Array],
   return new_state, metrics
 
 
+def _loss_terms(objective, metrics) -> tuple[str, ...]:
+  """Names of the metrics whose sum/count ratios add up to the loss.
+
+  An objective may declare ``loss_terms``; otherwise every ``*_loss`` metric
+  counts (the convention of bertjax/objectives: mlm_loss, nsp_loss, ...).
+  """
+  terms = getattr(objective, "loss_terms", None)
+  if terms is None:
+    terms = tuple(k for k in sorted(metrics) if k.endswith("_loss"))
+  return tuple(terms)
+
+
+def _accumulate(params, inputs, targets, dropout_rng, model, objective,
+                microbatches: int, mesh):
+  """Loss, metrics and gradient of the whole batch, one micro-batch at a time.
+
+  The objective's loss is a sum of means, ``sum_t S_t / C_t`` (``_loss_terms``),
+  whose denominators C_t (used MLM slots, real examples) do not depend on the
+  parameters. They are totalled over the micro-batches first, from a loss
+  evaluation on zero outputs, so that each micro-batch contributes
+  ``sum_t S_t,i / C_t`` and the summed gradient equals the big batch's. Dropout
+  draws a key per micro-batch: with dropout on, the masks differ from those of
+  the unaccumulated step (same distribution); without dropout the update is
+  the same to float rounding.
+
+  Args:
+    params: the parameters (float32 pytree).
+    inputs, targets: the corrupted global batch, leading dimension B.
+    dropout_rng: this step's dropout key.
+    microbatches: M; B must be divisible by M.
+    mesh: when given, each micro-batch stays split over the batch axes.
+
+  Returns:
+    (loss scalar, metrics {name: (sum, count)}, gradient pytree like params).
+  """
+  def split(x):
+    # Row r goes to micro-batch r % M: every device's contiguous block of rows
+    # then feeds every micro-batch, so no micro-batch lives on a few devices.
+    x = x.reshape((x.shape[0] // microbatches, microbatches) + x.shape[1:])
+    x = jnp.swapaxes(x, 0, 1)
+    if mesh is not None:
+      spec = jax.sharding.PartitionSpec(None, ("data", "fsdp"))
+      x = jax.lax.with_sharding_constraint(
+          x, jax.sharding.NamedSharding(mesh, spec))
+    return x
+
+  micro_inputs = jax.tree.map(split, inputs)
+  micro_targets = jax.tree.map(split, targets)
+  first = jax.tree.map(lambda x: x[0], micro_inputs)
+  out_shapes = jax.eval_shape(
+      lambda p, x: model.apply({"params": p}, x, deterministic=True), params, first)
+  zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out_shapes)
+  count_metrics = jax.vmap(lambda t: objective.loss(zeros, t)[1])(micro_targets)
+  terms = _loss_terms(objective, count_metrics)
+  totals = {t: jnp.maximum(jnp.sum(count_metrics[t][1]), 1.0) for t in terms}
+
+  def body(carry, micro):
+    grads, metrics, index = carry
+    x, y = micro
+
+    def loss_fn(p):
+      outputs = model.apply({"params": p}, x, deterministic=False,
+                            rngs={"dropout": jax.random.fold_in(dropout_rng, index)})
+      _, m = objective.loss(outputs, y)
+      return sum(m[t][0] / totals[t] for t in terms), m
+
+    (part, m), g = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    m = dict(m)
+    m["loss"] = (part, jnp.zeros((), jnp.float32))
+    grads = jax.tree.map(jnp.add, grads, g)
+    metrics = jax.tree.map(jnp.add, metrics, m)
+    return (grads, metrics, index + 1), None
+
+  metric_shapes = jax.eval_shape(
+      lambda: dict(objective.loss(zeros, jax.tree.map(lambda x: x[0],
+                                                      micro_targets))[1]))
+  zero_metrics = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes)
+  zero_metrics["loss"] = (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
+  zero_grads = jax.tree.map(jnp.zeros_like, params)
+  (grads, metrics, _), _ = jax.lax.scan(
+      body, (zero_grads, zero_metrics, jnp.int32(0)), (micro_inputs, micro_targets))
+  loss = metrics["loss"][0]
+  metrics["loss"] = (loss, jnp.ones((), jnp.float32))
+  return loss, metrics, grads
+
+
 def make_train_step(model, objective, tx, state_shardings, mesh, *,
-                    debug_nan_step: int = -1):
+                    debug_nan_step: int = -1, microbatches: int = 1):
   """Jits ``train_step`` once with in/out shardings and a donated state."""
   return jax.jit(
       functools.partial(train_step, model=model, objective=objective, tx=tx,
-                        debug_nan_step=debug_nan_step),
+                        debug_nan_step=debug_nan_step,
+                        microbatches=microbatches, mesh=mesh),
       in_shardings=(state_shardings, sharding.batch_sharding(mesh),
                     sharding.replicated(mesh)),
       out_shardings=(state_shardings, sharding.replicated(mesh)),
@@ -105,6 +208,8 @@ class _Progress:
 
   def __init__(self, config, start_step: int):
     self._tokens_per_step = config.batch_size * config.seq_len
+    self._flops_per_step = flops.step_flops(config)
+    self._peak = flops.peak_flops_per_second()
     self._total = config.num_train_steps
     self._t0 = time.time()
     self._s0 = start_step
@@ -113,11 +218,13 @@ class _Progress:
     elapsed = max(time.time() - self._t0, 1e-9)
     steps_per_sec = (step - self._s0) / elapsed
     scalars["tokens_per_sec"] = steps_per_sec * self._tokens_per_step
+    # Useful-FLOP utilisation against the chip's peak (bertjax/flops.py).
+    scalars["mfu"] = steps_per_sec * self._flops_per_step / self._peak
     left = (self._total - step) / steps_per_sec if steps_per_sec > 0 else float("nan")
     shown = " ".join(f"{k}={scalars[k]:.4g}" for k in (
-        "loss", "mlm_accuracy", "nsp_accuracy") if k in scalars)
+        "loss", "mlm_accuracy", "nsp_accuracy", "sop_accuracy") if k in scalars)
     return (f"step {step}/{self._total} {shown} "
-            f"tokens/s={scalars['tokens_per_sec']:.0f} "
+            f"tokens/s={scalars['tokens_per_sec']:.0f} mfu={scalars['mfu']:.2f} "
             f"time_left={time.strftime('%H:%M:%S', time.gmtime(left)) if left == left else '?'}")
 
 
@@ -169,10 +276,12 @@ def train_and_evaluate(config, workdir: str, *,
   step = int(jax.device_get(state.step))
 
   step_fn = make_train_step(model, objective, tx, shardings, mesh,
-                            debug_nan_step=config.debug_nan_step)
+                            debug_nan_step=config.debug_nan_step,
+                            microbatches=config.microbatches)
   rng = jax.random.key(config.seed)
   writer = metrics_lib.MetricWriter(workdir)
   progress = _Progress(config, step)
+  best = checkpointing.BestCheckpoint(workdir)
   preemption = guards.PreemptionWatcher()
   nonfinite = guards.NonFiniteGuard(config.nonfinite, config.max_consecutive_skips)
   last = config.num_train_steps if stop_at_step is None else min(
@@ -212,6 +321,8 @@ def train_and_evaluate(config, workdir: str, *,
           record = evaluation.evaluate_params(config, state.params, prepared, mesh,
                                               model, objective)
           writer.write(step, record, prefix="eval_")
+          best.offer(step, record.get("loss", record["mlm_loss"]), state, train_iter.get_state(), config,
+                     prepared.fingerprint)
       if previous is not None:
         nonfinite.check(*previous)
       if pending is not None:
@@ -220,6 +331,7 @@ def train_and_evaluate(config, workdir: str, *,
     preemption.close()
     writer.close()
     checkpointer.close()
+    best.close()
   if step < config.num_train_steps:
     logging.info("Stopped at step %d with a checkpoint; run again to resume.", step)
     return None

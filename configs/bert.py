@@ -67,6 +67,11 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   # remaining devices. "-1,1,1" is pure data parallelism.
   c.mesh_shape = "-1,1,1"
 
+  # --- scale -----------------------------------------------------------------
+  c.microbatches = 1  # gradient accumulation: batch_size is split into this many
+  c.scan_layers = False  # nn.scan over encoder layers: compile time independent of depth
+  c.remat = "none"  # rematerialise each layer: 'none' | 'full' | 'dots' (keep matmuls)
+
   # --- optimisation (BERT paper defaults) ------------------------------------
   c.batch_size = 32 if size == "tiny" else 256  # global batch
   c.num_train_steps = 1000 if size == "tiny" else 1_000_000

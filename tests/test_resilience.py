@@ -208,3 +208,22 @@ def test_restore_onto_another_mesh(tmp_path, demo_config, demo_data, save_shape,
   assert_states_equal(restored, state)
   leaf = restored.params["encoder"]["layer_0"]["mlp"]["wi"]["kernel"]
   assert leaf.sharding.mesh.shape == target.shape
+
+
+def test_best_checkpoint_by_held_out_loss_is_kept_apart(tmp_path, demo_config,
+                                                        demo_data):
+  config = run_config(demo_config, demo_data, num_train_steps=12,
+                      eval_every_steps=4, keep_checkpoints=1)
+  train.train_and_evaluate(config, str(tmp_path))
+  evals = {r["step"]: r["eval_loss"] for r in read_metrics(str(tmp_path))
+           if "eval_loss" in r and r["step"] in (4, 8, 12)}
+  assert sorted(evals) == [4, 8, 12]
+  best_step = min(evals, key=evals.get)
+  with open(tmp_path / "best_checkpoint" / "best.json") as f:
+    best = json.load(f)
+  assert best["step"] == best_step
+  assert best["loss"] == pytest.approx(evals[best_step], rel=1e-6)
+  kept = [d for d in os.listdir(tmp_path / "best_checkpoint") if d.isdigit()]
+  assert kept == [str(best_step)]
+  # The rolling checkpoints keep only the newest one; the best is apart.
+  assert checkpointing.Checkpointer(str(tmp_path)).all_steps() == [12]

@@ -124,6 +124,7 @@ class BertForPretraining(nn.Module):
     attention_dropout_rate: dropout on attention probabilities.
     dtype: compute dtype (parameters are always float32).
     sentence_head: build the pooler and the two-way sentence (NSP) head.
+    scan_layers, remat: see ``layers.Encoder``.
   """
   vocab_size: int
   max_position_embeddings: int
@@ -136,6 +137,8 @@ class BertForPretraining(nn.Module):
   attention_dropout_rate: float = 0.0
   dtype: Dtype = jnp.float32
   sentence_head: bool = True
+  scan_layers: bool = False
+  remat: str = "none"
 
   def setup(self):
     self.embeddings = BertEmbeddings(
@@ -146,7 +149,8 @@ class BertForPretraining(nn.Module):
     self.encoder = layers.Encoder(
         num_layers=self.num_layers, num_heads=self.num_heads,
         mlp_dim=self.mlp_dim, dropout_rate=self.dropout_rate,
-        attention_dropout_rate=self.attention_dropout_rate, dtype=self.dtype)
+        attention_dropout_rate=self.attention_dropout_rate, dtype=self.dtype,
+        scan_layers=self.scan_layers, remat=self.remat)
     self.mlm_head = MlmHead(vocab_size=self.vocab_size, dtype=self.dtype)
     if not self.sentence_head:
       return
@@ -229,4 +233,6 @@ def from_config(config: ml_collections.ConfigDict,
       dropout_rate=config.dropout_rate,
       attention_dropout_rate=config.attention_dropout_rate,
       dtype=dtype,
-      sentence_head=bool(config.get("sentence_head", True)))
+      sentence_head=bool(config.get("sentence_head", True)),
+      scan_layers=bool(config.get("scan_layers", False)),
+      remat=str(config.get("remat", "none")))

@@ -192,13 +192,46 @@ class EncoderBlock(nn.Module):
     return layer_norm(self.dtype, "mlp_norm")(x + y)
 
 
+# Which intermediate values a rematerialised layer keeps for the backward pass.
+# 'full' keeps only the layer's input; 'dots' also keeps matmul outputs
+# (without a batch dimension), so only the cheap elementwise work is redone.
+REMAT_POLICIES: dict[str, Callable[..., Any] | None] = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+# Name of the stacked-layer parameter axis under nn.scan.
+LAYERS_AXIS = "layers"
+
+
+class _ScannedBlock(nn.Module):
+  """One scan step: a block whose output is both the carry and no output."""
+  block_cls: Any
+  block_kwargs: dict[str, Any]
+  deterministic: bool
+
+  @nn.compact
+  def __call__(self, x: jax.Array, mask: jax.Array) -> tuple[jax.Array, None]:
+    x = self.block_cls(**self.block_kwargs, name="block")(
+        x, mask, self.deterministic)
+    return nn.with_logical_constraint(x, HIDDEN_AXES), None
+
+
 class Encoder(nn.Module):
-  """A stack of independent ``EncoderBlock``s named ``layer_0 .. layer_{n-1}``.
+  """A stack of independent ``EncoderBlock``s.
+
+  Unscanned, the blocks are named ``layer_0 .. layer_{n-1}``. With
+  ``scan_layers`` they are one ``nn.scan`` over a block named ``layers/block``
+  whose parameters carry a leading ``[num_layers]`` axis (logical name
+  'layers'), so compile time does not grow with depth; ``stack_layers`` and
+  ``unstack_layers`` convert between the two layouts.
 
   Attributes:
     num_layers: number of blocks.
     num_heads, mlp_dim, dropout_rate, attention_dropout_rate, dtype,
     attention_cls: passed to every block.
+    scan_layers: stack the blocks with ``nn.scan``.
+    remat: 'none' | 'full' | 'dots' (``REMAT_POLICIES``): recompute each block
+      in the backward pass, trading compute for activation memory.
   """
   num_layers: int
   num_heads: int
@@ -207,6 +240,8 @@ class Encoder(nn.Module):
   attention_dropout_rate: float = 0.0
   dtype: Dtype = jnp.float32
   attention_cls: type[nn.Module] = MultiHeadAttention
+  scan_layers: bool = False
+  remat: str = "none"
 
   @nn.compact
   def __call__(self, x: jax.Array, mask: jax.Array,
@@ -216,13 +251,47 @@ class Encoder(nn.Module):
     ``mask`` is bool [batch, 1 or heads, length, length], see
     ``doc_attention_mask``.
     """
+    if self.remat != "none" and self.remat not in REMAT_POLICIES:
+      raise ValueError(
+          f"Unknown remat policy {self.remat!r}; set --config.remat to one of "
+          f"none, {', '.join(REMAT_POLICIES)}.")
+    block_cls = EncoderBlock
+    if self.remat != "none":
+      # deterministic (argument 3, counting self) picks dropout on or off.
+      block_cls = nn.remat(EncoderBlock, policy=REMAT_POLICIES[self.remat],
+                           static_argnums=(3,))
+    kwargs = dict(
+        num_heads=self.num_heads, mlp_dim=self.mlp_dim,
+        dropout_rate=self.dropout_rate,
+        attention_dropout_rate=self.attention_dropout_rate,
+        dtype=self.dtype, attention_cls=self.attention_cls)
     x = nn.with_logical_constraint(x, HIDDEN_AXES)
+    if self.scan_layers:
+      stack = nn.scan(
+          _ScannedBlock, variable_axes={"params": 0},
+          split_rngs={"params": True, "dropout": True},
+          in_axes=(nn.broadcast,), length=self.num_layers,
+          metadata_params={nn.PARTITION_NAME: LAYERS_AXIS})
+      x, _ = stack(block_cls=block_cls, block_kwargs=kwargs,
+                   deterministic=deterministic, name=LAYERS_AXIS)(x, mask)
+      return x
     for i in range(self.num_layers):
-      x = EncoderBlock(
-          num_heads=self.num_heads, mlp_dim=self.mlp_dim,
-          dropout_rate=self.dropout_rate,
-          attention_dropout_rate=self.attention_dropout_rate,
-          dtype=self.dtype, attention_cls=self.attention_cls,
-          name=f"layer_{i}")(x, mask, deterministic)
+      x = block_cls(**kwargs, name=f"layer_{i}")(x, mask, deterministic)
       x = nn.with_logical_constraint(x, HIDDEN_AXES)
     return x
+
+
+def stack_layers(encoder_params: dict[str, Any], num_layers: int) -> dict[str, Any]:
+  """Unscanned Encoder params (``layer_i/...``) -> scanned (``layers/block/...``).
+
+  Every leaf gains a leading [num_layers] axis. Unboxed arrays only.
+  """
+  blocks = [encoder_params[f"layer_{i}"] for i in range(num_layers)]
+  return {LAYERS_AXIS: {"block": jax.tree.map(lambda *a: jnp.stack(a), *blocks)}}
+
+
+def unstack_layers(encoder_params: dict[str, Any]) -> dict[str, Any]:
+  """Scanned Encoder params (``layers/block/...``) -> ``layer_i/...``."""
+  block = encoder_params[LAYERS_AXIS]["block"]
+  n = jax.tree.leaves(block)[0].shape[0]
+  return {f"layer_{i}": jax.tree.map(lambda a, i=i: a[i], block) for i in range(n)}

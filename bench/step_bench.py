@@ -1,0 +1,256 @@
+r"""Times the jitted bertjax train step, optionally against HF Flax and PyTorch.
+
+  python bench/step_bench.py --config=configs/bert.py:base \
+      --config.batch_size=8 --config.seq_len=128 --config.max_predictions_per_seq=20 \
+      --config.dropout_rate=0 --config.attention_dropout_rate=0 --compare
+
+Prints one JSON line. Each system's step is compiled (jit) or warmed up apart,
+then timed for ``--steps`` rounds; with ``--compare`` the rounds are
+interleaved (bertjax, HF Flax, PyTorch, bertjax, ...) so that load from other
+processes on a shared machine hits all three alike. Reported: median step
+seconds, tokens/s (batch x seq_len per step), useful-FLOP MFU against
+``bertjax.flops.peak_flops_per_second()`` and the tokens/s ratios.
+
+The comparison is the same work wherever the libraries allow it: same sizes,
+batch, sequence length, masking rate, initialiser scale and optimizer (AdamW
+with bertjax's decay mask and clipping; torch.optim.AdamW + clip_grad_norm_).
+HF's masked-LM models compute vocabulary logits at every position (their
+design); bertjax computes them only at the predicted slots, and also runs the
+NSP head, which HF's ``*ForMaskedLM`` do not have. Needs the ``bench`` extra.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+
+from bertjax import batch as batch_lib
+from bertjax import flops
+from bertjax import models
+from bertjax import objectives
+from bertjax import optim
+from bertjax import sharding
+from bertjax import state as state_lib
+from bertjax import train
+from bertjax.models import sizes
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Train config file.")
+_STEPS = flags.DEFINE_integer("steps", 15, "Timed steps per system.")
+_WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation.")
+_COMPARE = flags.DEFINE_bool("compare", False, "Also time HF Flax and PyTorch.")
+
+
+def synthetic_batch(config, seed: int = 0) -> dict[str, np.ndarray]:
+  """A full sentence-pair Batch: [CLS] A [SEP] B [SEP], A and B half each."""
+  b, s = config.batch_size, config.seq_len
+  rng = np.random.default_rng(seed)
+  out = batch_lib.empty_batch(b, s)
+  a_len = (s - 3) // 2
+  b_len = s - 3 - a_len
+  tokens = rng.integers(batch_lib.NUM_SPECIAL_TOKENS, config.vocab_size, (b, s))
+  tokens[:, 0] = batch_lib.CLS_ID
+  tokens[:, 1 + a_len] = batch_lib.SEP_ID
+  tokens[:, s - 1] = batch_lib.SEP_ID
+  out["tokens"] = tokens.astype(np.int32)
+  out["segment_ids"][:, 2 + a_len:] = 1
+  out["positions"][:] = np.arange(s, dtype=np.int32)
+  out["doc_ids"][:] = 1
+  out["word_starts"][:] = True
+  out["special"][:] = False
+  out["special"][:, [0, 1 + a_len, s - 1]] = True
+  out["a_lengths"][:] = a_len
+  out["b_lengths"][:] = b_len
+  out["example_id"][:, 0] = np.arange(b)
+  out["example_mask"][:] = True
+  return out
+
+
+def hf_masked_inputs(config, batch: dict[str, np.ndarray], seed: int = 0):
+  """Masked-LM inputs for HF models at bertjax's rate: (ids, labels[-100])."""
+  rng = np.random.default_rng(seed + 1)
+  ids = batch["tokens"].copy()
+  chosen = (rng.random(ids.shape) < config.mask_rate) & ~batch["special"]
+  labels = np.where(chosen, ids, -100)
+  ids[chosen] = batch_lib.MASK_ID
+  return ids.astype(np.int32), labels.astype(np.int64)
+
+
+def bertjax_step(config) -> tuple[Callable[[], None], float]:
+  """bertjax's jitted step on this host's devices; returns (run one, compile s)."""
+  mesh = sharding.make_mesh(config.mesh_shape)
+  model = models.get_model(config)
+  objective = objectives.get_objective(config)
+  tx = optim.make_optimizer(config)
+  state, shardings = state_lib.create_train_state(model, tx, config, mesh)
+  step_fn = train.make_train_step(model, objective, tx, shardings, mesh,
+                                  microbatches=int(config.get("microbatches", 1)))
+  batch = train.to_global(synthetic_batch(config), mesh)
+  rng = jax.random.key(config.seed)
+  start = time.perf_counter()
+  compiled = step_fn.lower(state, batch, rng).compile()
+  compile_s = time.perf_counter() - start
+  box = {"state": state}
+
+  def run():
+    box["state"], metrics = compiled(box["state"], batch, rng)
+    jax.block_until_ready(metrics)
+
+  return run, compile_s
+
+
+def _hf_config(config):
+  import transformers
+  size = sizes.resolve(config)
+  return transformers.BertConfig(
+      vocab_size=config.vocab_size, hidden_size=size.hidden_size,
+      num_hidden_layers=size.num_layers, num_attention_heads=size.num_heads,
+      intermediate_size=size.mlp_dim, hidden_act="gelu",
+      hidden_dropout_prob=config.dropout_rate,
+      attention_probs_dropout_prob=config.attention_dropout_rate,
+      max_position_embeddings=config.max_position_embeddings,
+      type_vocab_size=config.type_vocab_size, layer_norm_eps=1e-12,
+      initializer_range=0.02)
+
+
+def hf_flax_step(config) -> tuple[Callable[[], None], float]:
+  """HF FlaxBertForMaskedLM with the same optimizer; (run one, compile s)."""
+  import optax
+  import transformers
+  model = transformers.FlaxBertForMaskedLM(_hf_config(config), seed=0)
+  tx = optim.make_optimizer(config)
+  batch = synthetic_batch(config)
+  ids, labels = hf_masked_inputs(config, batch)
+  ids, types = jnp.asarray(ids), jnp.asarray(batch["segment_ids"])
+  attention = jnp.ones_like(ids)
+  targets = jnp.asarray(np.maximum(labels, 0).astype(np.int32))
+  weights = jnp.asarray((labels >= 0).astype(np.float32))
+  train_mode = config.dropout_rate > 0 or config.attention_dropout_rate > 0
+
+  def step(params, opt_state, rng):
+    def loss_fn(p):
+      logits = model(ids, attention_mask=attention, token_type_ids=types,
+                     params=p, dropout_rng=rng, train=train_mode).logits
+      nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+      return jnp.sum(nll * weights) / jnp.maximum(jnp.sum(weights), 1.0)
+
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  params = model.params
+  opt_state = tx.init(params)
+  rng = jax.random.key(0)
+  start = time.perf_counter()
+  compiled = jax.jit(step, donate_argnums=(0, 1)).lower(
+      params, opt_state, rng).compile()
+  compile_s = time.perf_counter() - start
+  box = {"params": params, "opt": opt_state}
+
+  def run():
+    box["params"], box["opt"], loss = compiled(box["params"], box["opt"], rng)
+    loss.block_until_ready()
+
+  return run, compile_s
+
+
+def torch_step(config) -> tuple[Callable[[], None], float]:
+  """HF BertForMaskedLM in PyTorch (CPU), AdamW + clipping; (run one, 0)."""
+  import torch
+  import transformers
+  torch.manual_seed(0)
+  model = transformers.BertForMaskedLM(_hf_config(config))
+  model.train(config.dropout_rate > 0 or config.attention_dropout_rate > 0)
+  decay = [p for n, p in model.named_parameters()
+           if not (n.endswith("bias") or "LayerNorm" in n)]
+  no_decay = [p for n, p in model.named_parameters()
+              if n.endswith("bias") or "LayerNorm" in n]
+  opt = torch.optim.AdamW(
+      [{"params": decay, "weight_decay": config.weight_decay},
+       {"params": no_decay, "weight_decay": 0.0}],
+      lr=config.learning_rate, betas=(config.adam_b1, config.adam_b2),
+      eps=config.adam_eps)
+  batch = synthetic_batch(config)
+  ids, labels = hf_masked_inputs(config, batch)
+  ids_t = torch.from_numpy(ids.astype(np.int64))
+  types = torch.from_numpy(batch["segment_ids"].astype(np.int64))
+  labels_t = torch.from_numpy(labels)
+
+  def run():
+    opt.zero_grad(set_to_none=True)
+    loss = model(input_ids=ids_t, token_type_ids=types, labels=labels_t).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip_norm)
+    opt.step()
+
+  return run, 0.0
+
+
+def benchmark(config, *, steps: int = 15, warmup: int = 2,
+              compare: bool = False) -> dict[str, Any]:
+  """Runs the benchmark; returns the record printed as JSON (see module doc)."""
+  systems = {"bertjax": bertjax_step(config)}
+  if compare:
+    systems["hf_flax"] = hf_flax_step(config)
+    systems["torch"] = torch_step(config)
+  logging.info("compiled: %s", {k: round(v[1], 2) for k, v in systems.items()})
+  for run, _ in systems.values():
+    for _ in range(warmup):
+      run()
+  times: dict[str, list[float]] = {name: [] for name in systems}
+  for i in range(steps):
+    for name, (run, _) in systems.items():
+      start = time.perf_counter()
+      run()
+      times[name].append(time.perf_counter() - start)
+    # Progress on stderr: a long comparison on a busy host shows it is alive.
+    logging.info("round %d/%d: %s", i + 1, steps,
+                 {k: round(v[-1], 3) for k, v in times.items()})
+  tokens = config.batch_size * config.seq_len
+  peak = flops.peak_flops_per_second()
+  useful = flops.step_flops(config)
+  record: dict[str, Any] = {
+      "model": f"{config.model}-{config.model_size}",
+      "batch_size": int(config.batch_size), "seq_len": int(config.seq_len),
+      "dtype": config.dtype, "steps": steps, "devices": jax.device_count(),
+      "platform": jax.devices()[0].platform, "peak_flops_per_s": peak,
+      "useful_flops_per_step": useful,
+  }
+  for name, (_, compile_s) in systems.items():
+    median = statistics.median(times[name])
+    record[name] = {
+        "compile_s": round(compile_s, 3),
+        "step_s_median": round(median, 5),
+        "step_s_min": round(min(times[name]), 5),
+        "tokens_per_s": round(tokens / median, 1),
+        # The same useful FLOPs for every system: the work a step must do.
+        "mfu": round(useful / median / peak, 4),
+    }
+  for other in ("hf_flax", "torch"):
+    if other in record:
+      record[f"speedup_vs_{other}"] = round(
+          record["bertjax"]["tokens_per_s"] / record[other]["tokens_per_s"], 3)
+  return record
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  record = benchmark(_CONFIG.value, steps=_STEPS.value, warmup=_WARMUP.value,
+                     compare=_COMPARE.value)
+  print(json.dumps(record), flush=True)
+
+
+if __name__ == "__main__":
+  flags.mark_flag_as_required("config")
+  app.run(main)

@@ -1,0 +1,189 @@
+r"""Ahead-of-time compile of the real train step for a TPU topology, on a CPU host.
+
+  pip install -e '.[tpu]'   # libtpu: the TPU compiler, no TPU needed
+  python -m bertjax.aot --config=configs/bert.py:large --topology=v5e:16x16 \
+      --config.mesh_shape=1,-1,1
+
+prints one JSON line: the topology, the mesh, per-chip HBM the compiled step
+needs (arguments, temporaries, outputs), the compiled FLOPs per chip, and
+whether it fits the chip's HBM. This proves a pod plan before anyone pays for
+the pod: the step is lowered and compiled exactly as the train loop jits it
+(``train.make_train_step``), with abstract state and batch carrying their
+shardings on a mesh over the topology's devices.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+# The TPU here is only a compile target: keep the runtime on CPU, and tell
+# libtpu it is a single, compile-only host so it does not probe for TPUs.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+
+import jax  # noqa: E402
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from bertjax import batch as batch_lib  # noqa: E402
+from bertjax import flops  # noqa: E402
+from bertjax import models  # noqa: E402
+from bertjax import objectives  # noqa: E402
+from bertjax import optim  # noqa: E402
+from bertjax import sharding  # noqa: E402
+from bertjax import state as state_lib  # noqa: E402
+from bertjax import train  # noqa: E402
+
+GIB = 1024 ** 3
+# HBM per chip by TPU generation (the part of --topology before ':').
+HBM_BYTES: dict[str, int] = {
+    "v4": 32 * GIB,
+    "v5e": 16 * GIB,
+    "v5litepod": 16 * GIB,
+    "v5p": 95 * GIB,
+    "v6e": 32 * GIB,
+}
+
+
+def get_topology_devices(topology: str) -> list[Any]:
+  """The devices of a TPU ``topology`` such as 'v5e:16x16' or 'v5p:2x2x2'.
+
+  Raises:
+    ValueError: when the generation is unknown or libtpu is missing.
+  """
+  generation = topology.split(":")[0]
+  if generation not in HBM_BYTES:
+    raise ValueError(
+        f"Unknown TPU generation in --topology={topology!r}; use one of "
+        f"{', '.join(HBM_BYTES)} followed by ':' and the chip grid, e.g. v5e:4x4.")
+  try:
+    import libtpu  # noqa: F401  (the compiler behind the topology)
+  except ImportError as e:
+    raise ValueError(
+        "AOT compilation for TPU needs libtpu; install it with "
+        "pip install -e '.[tpu]'.") from e
+  from jax.experimental import topologies
+  return list(topologies.get_topology_desc(topology, "tpu").devices)
+
+
+def _abstract(tree: Any, shardings: Any) -> Any:
+  return jax.tree.map(
+      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree,
+      shardings)
+
+
+def abstract_batch(config, mesh) -> dict[str, jax.ShapeDtypeStruct]:
+  """ShapeDtypeStructs of a global Batch (bertjax/batch.py), batch-sharded."""
+  sh = sharding.batch_sharding(mesh)
+  return {
+      name: jax.ShapeDtypeStruct(
+          batch_lib.field_shape(name, config.batch_size, config.seq_len), dtype,
+          sharding=sh)
+      for name, (dtype, _) in batch_lib.FIELDS.items()}
+
+
+def compile_for_topology(config, topology: str) -> dict[str, Any]:
+  """Lowers and compiles the train step of ``config`` for ``topology``.
+
+  Args:
+    config: a train config (configs/*.py); mesh_shape lays the topology's
+      chips out as data,fsdp,tensor; microbatches, scan_layers, remat and
+      dtype apply as in training.
+    topology: TPU generation and chip grid, e.g. 'v5e:16x16'.
+
+  Returns:
+    A JSON-able record: topology, num_chips, mesh, per-chip bytes
+    (argument, output, temp, alias, code, total), hbm_bytes_per_chip,
+    fits, compiled_flops_per_chip, useful_flops_per_step, compile_seconds.
+    compiled_flops_per_chip is XLA's cost analysis of the per-chip program:
+    it counts the body of a loop once, so with scan_layers (and
+    microbatches > 1) it is below the real per-step work; useful_flops_per_step
+    (bertjax.flops, all chips together) is the figure to plan with.
+  """
+  import time
+  devices = get_topology_devices(topology)
+  mesh = sharding.make_mesh(config.mesh_shape, devices)
+  ways = sharding.batch_parallelism(mesh) * int(config.get("microbatches", 1))
+  if config.batch_size % ways:
+    raise ValueError(
+        f"config.batch_size={config.batch_size} is not divisible by the "
+        f"{ways} ways (microbatches x data x fsdp) of mesh {dict(mesh.shape)}; "
+        "change --config.batch_size or --config.mesh_shape.")
+  model = models.get_model(config)
+  objective = objectives.get_objective(config)
+  tx = optim.make_optimizer(config)
+  abstract, shardings = state_lib.state_shardings(model, tx, config, mesh)
+  step_fn = train.make_train_step(
+      model, objective, tx, shardings, mesh,
+      microbatches=int(config.get("microbatches", 1)))
+  rng = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype,
+                             sharding=sharding.replicated(mesh))
+  start = time.perf_counter()
+  with mesh:
+    compiled = step_fn.lower(_abstract(abstract, shardings),
+                             abstract_batch(config, mesh), rng).compile()
+  seconds = time.perf_counter() - start
+  memory = compiled.memory_analysis()
+  per_chip = {
+      "argument": int(memory.argument_size_in_bytes),
+      "output": int(memory.output_size_in_bytes),
+      "temp": int(memory.temp_size_in_bytes),
+      "alias": int(memory.alias_size_in_bytes),
+      "code": int(memory.generated_code_size_in_bytes),
+  }
+  # Donated state aliases its outputs onto its arguments: counted once.
+  per_chip["total"] = (per_chip["argument"] + per_chip["output"] - per_chip["alias"]
+                       + per_chip["temp"] + per_chip["code"])
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0] if cost else {}
+  hbm = HBM_BYTES[topology.split(":")[0]]
+  return {
+      "topology": topology,
+      "num_chips": len(devices),
+      "mesh": dict(mesh.shape),
+      "model": f"{config.model}-{config.model_size}",
+      "batch_size": int(config.batch_size),
+      "seq_len": int(config.seq_len),
+      "microbatches": int(config.get("microbatches", 1)),
+      "bytes_per_chip": per_chip,
+      "gib_per_chip": round(per_chip["total"] / GIB, 3),
+      "hbm_bytes_per_chip": hbm,
+      "fits": per_chip["total"] <= hbm,
+      "compiled_flops_per_chip": float(cost.get("flops", -1.0)),
+      "useful_flops_per_step": flops.step_flops(config),
+      "compile_seconds": round(seconds, 2),
+  }
+
+
+def describe(record: dict[str, Any]) -> str:
+  """One human sentence on whether the plan fits, naming the numbers."""
+  need = record["bytes_per_chip"]["total"] / GIB
+  have = record["hbm_bytes_per_chip"] / GIB
+  if record["fits"]:
+    return (f"Fits: {need:.2f} GiB of {have:.0f} GiB HBM per chip on "
+            f"{record['topology']}.")
+  return (f"Does NOT fit: the step needs {need:.2f} GiB per chip (temporaries "
+          f"{record['bytes_per_chip']['temp'] / GIB:.2f} GiB) but a "
+          f"{record['topology'].split(':')[0]} chip has {have:.0f} GiB; raise "
+          "--config.microbatches, shard more (fsdp) or use remat.")
+
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Train config file.")
+_TOPOLOGY = flags.DEFINE_string("topology", "v5e:2x2", "TPU topology, e.g. v5e:16x16.")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  record = compile_for_topology(_CONFIG.value, _TOPOLOGY.value)
+  record["verdict"] = describe(record)
+  print(json.dumps(record), flush=True)
+
+
+if __name__ == "__main__":
+  flags.mark_flag_as_required("config")
+  app.run(main)

@@ -1,0 +1,134 @@
+"""Useful model FLOPs per train step, the hardware peak, and MFU.
+
+Useful FLOPs count only the matrix multiplications the model needs, forward
+and backward (backward = 2 x forward), 2 FLOPs per multiply-add:
+
+  step_flops = 6 * N_layers * T                 (encoder weight matmuls)
+             + 12 * L * H * S * T               (bidirectional attention)
+             + 6 * (H*H + H*V) * P              (MLM head at predicted slots)
+             + 6 * (H*H + 2*H) * B              (pooler + NSP head, if any)
+
+with T = B * S tokens per step (global batch B, sequence length S), L layers,
+hidden size H, feed-forward size F, vocabulary V, and P = B *
+max_predictions_per_seq prediction slots (the model computes logits only
+there, see ``BertForPretraining.mlm_logits``). N_layers = L * (4*H*H + 2*H*F)
+is the non-embedding matmul weights: the Q, K, V and output projections and
+the two feed-forward matrices. The attention term is the QK^T and
+probabilities x V products: 2 * 2*S*H FLOPs per token per layer forward, x3.
+Embedding lookups, biases, LayerNorm, softmax and GELU are not counted, nor is
+rematerialisation's recomputation: MFU measures useful work, so remat lowers
+it honestly.
+
+The peak is the chip's datasheet dense bfloat16 figure on TPU and GPU, and on
+CPU a float32 matmul throughput measured once in this process (all cores of
+the host together, however many fake devices XLA shows).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+
+from bertjax.models import sizes
+
+# Datasheet dense bfloat16 FLOP/s per chip, keyed by a substring of
+# ``device.device_kind`` (first match wins, so longer names come first).
+DATASHEET_PEAK: tuple[tuple[str, float], ...] = (
+    ("TPU v6 lite", 918e12),  # v6e (Trillium)
+    ("TPU v6e", 918e12),
+    ("TPU v5 lite", 197e12),  # v5e
+    ("TPU v5e", 197e12),
+    ("TPU v5p", 459e12),
+    ("TPU v5", 459e12),  # v5p reports itself as "TPU v5"
+    ("TPU v4", 275e12),
+    ("TPU v3", 123e12),
+    ("TPU v2", 45e12),
+    ("H200", 989e12),
+    ("H100", 989e12),
+    ("A100", 312e12),
+    ("L4", 121e12),
+    ("A10", 125e12),
+    ("V100", 125e12),
+)
+
+
+def step_flops(config) -> float:
+  """Useful FLOPs of one train step of ``config`` (formula in the module doc).
+
+  Args:
+    config: uses model_size (or explicit sizes), vocab_size, batch_size,
+      seq_len, max_predictions_per_seq and sentence_head (default True).
+  """
+  size = sizes.resolve(config)
+  h, f, layers = size.hidden_size, size.mlp_dim, size.num_layers
+  b, s = int(config.batch_size), int(config.seq_len)
+  tokens = b * s
+  predictions = b * int(config.max_predictions_per_seq)
+  n_layers = layers * (4 * h * h + 2 * h * f)
+  total = 6.0 * n_layers * tokens
+  total += 12.0 * layers * h * s * tokens
+  total += 6.0 * (h * h + h * int(config.vocab_size)) * predictions
+  if config.get("sentence_head", True) and config.get("objective", "bert") != "mlm_only":
+    total += 6.0 * (h * h + 2 * h) * b
+  return total
+
+
+def _datasheet_peak(device_kind: str) -> float | None:
+  for name, peak in DATASHEET_PEAK:
+    if name.lower() in device_kind.lower():
+      return peak
+  return None
+
+
+@functools.lru_cache(maxsize=None)
+def measured_matmul_peak(n: int = 1024, repeats: int = 10) -> float:
+  """Best float32 [n, n] x [n, n] matmul FLOP/s of the default device.
+
+  Measured once per process (cached): a jitted chain of 8 matmuls, best of
+  ``repeats`` timed runs after one warm-up.
+  """
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32) / n ** 0.5
+
+  @jax.jit
+  def chain(x):
+    for _ in range(8):
+      x = x @ b
+    return x
+
+  chain(a).block_until_ready()
+  best = float("inf")
+  for _ in range(repeats):
+    start = time.perf_counter()
+    chain(a).block_until_ready()
+    best = min(best, time.perf_counter() - start)
+  return 8 * 2.0 * n ** 3 / best
+
+
+def peak_flops_per_second(devices: list[jax.Device] | None = None) -> float:
+  """Peak FLOP/s of ``devices`` together (default: all devices).
+
+  TPU/GPU: datasheet per chip times the chip count. CPU: the measured matmul
+  peak of the host, once, whatever the number of (fake) CPU devices.
+
+  Raises:
+    ValueError: for an accelerator whose device_kind has no datasheet entry.
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  if devices[0].platform == "cpu":
+    return measured_matmul_peak()
+  kind = devices[0].device_kind
+  peak = _datasheet_peak(kind)
+  if peak is None:
+    raise ValueError(
+        f"No datasheet peak for device kind {kind!r}; add it to "
+        "bertjax.flops.DATASHEET_PEAK.")
+  return peak * len(devices)
+
+
+def mfu(config, steps_per_second: float, peak: float) -> float:
+  """Model FLOP utilisation: useful FLOP/s over ``peak`` FLOP/s (0..1)."""
+  return step_flops(config) * steps_per_second / peak
