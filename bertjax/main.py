@@ -7,6 +7,8 @@ Prepares the corpus and tokenizer into the workdir if they are missing, trains
 split. Override any config field with ``--config.FIELD=VALUE``.
 """
 
+import os
+
 from absl import app
 from absl import flags
 from ml_collections import config_flags
@@ -19,12 +21,27 @@ _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Config file, e.g. configs/bert.py:tiny.", lock_config=True)
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Directory for data, checkpoints and metrics.")
+_DISTRIBUTED = flags.DEFINE_bool(
+    "distributed", None,
+    "Call jax.distributed.initialize() (multi-host TPU pod slices). Default: "
+    "on when JAX_COORDINATOR_ADDRESS is set or TPU_WORKER_HOSTNAMES lists "
+    "several hosts.")
 flags.mark_flags_as_required(["config", "workdir"])
+
+
+def _multihost() -> bool:
+  if _DISTRIBUTED.value is not None:
+    return _DISTRIBUTED.value
+  return bool(os.environ.get("JAX_COORDINATOR_ADDRESS")) or (
+      "," in os.environ.get("TPU_WORKER_HOSTNAMES", ""))
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  if _multihost():
+    import jax
+    jax.distributed.initialize()
   try:
     train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except guards.Preempted as e:
