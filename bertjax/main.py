@@ -32,8 +32,9 @@ flags.mark_flags_as_required(["config", "workdir"])
 def _multihost() -> bool:
   if _DISTRIBUTED.value is not None:
     return _DISTRIBUTED.value
-  return bool(os.environ.get("JAX_COORDINATOR_ADDRESS")) or (
-      "," in os.environ.get("TPU_WORKER_HOSTNAMES", ""))
+  hosts = os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",")
+  real_hosts = len(hosts) > 1 and all(h and " " not in h for h in hosts)
+  return bool(os.environ.get("JAX_COORDINATOR_ADDRESS")) or real_hosts
 
 
 def main(argv):
