@@ -161,3 +161,16 @@ def mlm_loss(mlm_logits: jax.Array, mlm_targets: jax.Array,
   }
   return loss_sum / jnp.maximum(count, 1.0), metrics
 
+
+
+def masking_schedule(config: Any) -> tuple[str, int]:
+  """(config.masking, config.dupe_factor), checked: 'static' or 'dynamic' masks
+  (bertjax/objectives/masking.py ``example_keys``) and at least one static
+  mask per example."""
+  mode = str(config.masking)
+  masking.check_masking_mode(mode)
+  dupe_factor = int(config.dupe_factor)
+  if dupe_factor < 1:
+    raise ValueError(f"dupe_factor={dupe_factor} must be at least 1; fix "
+                     "--config.dupe_factor.")
+  return mode, dupe_factor

@@ -29,13 +29,7 @@ class MlmOnlyObjective:
 
   def __init__(self, config: Any):
     self.mlm = mlm.MlmSettings.from_config(config)
-    self.masking = str(config.masking)
-    masking.check_masking_mode(self.masking)
-    self.dupe_factor = int(config.dupe_factor)
-    if self.dupe_factor < 1:
-      raise ValueError(
-          f"dupe_factor={self.dupe_factor} must be at least 1; fix "
-          f"--config.dupe_factor.")
+    self.masking, self.dupe_factor = mlm.masking_schedule(config)
     self.attend_across_documents = bool(
         config.get("attend_across_documents", False))
 
