@@ -7,6 +7,7 @@ module covers the fields the loop itself relies on.
 
 from __future__ import annotations
 
+from bertjax import optim
 from bertjax.models import sizes
 
 _DTYPES = ("float32", "bfloat16")
@@ -28,6 +29,9 @@ def validate(config) -> None:
     _fail("masking", config.masking, f"it must be one of {', '.join(_MASKING)}")
   if config.dupe_factor < 1:
     _fail("dupe_factor", config.dupe_factor, "it must be at least 1")
+  if config.get("optimizer", "adamw") not in optim.OPTIMIZERS:
+    _fail("optimizer", config.optimizer,
+          f"it must be one of {', '.join(optim.OPTIMIZERS)}")
   if config.dtype not in _DTYPES:
     _fail("dtype", config.dtype, f"it must be one of {', '.join(_DTYPES)}")
   if not 8 <= config.seq_len <= config.max_position_embeddings:

@@ -78,6 +78,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   c.learning_rate = 2e-3 if size == "tiny" else 1e-4  # peak
   c.warmup_steps = 100 if size == "tiny" else 10_000  # linear warmup
   # then linear decay to 0 at num_train_steps
+  c.optimizer = "adamw"  # or 'lamb' (bertjax/optim.py); ALBERT's is LAMB
   c.adam_b1 = 0.9
   c.adam_b2 = 0.999
   c.adam_eps = 1e-6

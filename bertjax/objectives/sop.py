@@ -17,9 +17,6 @@ import jax
 import jax.numpy as jnp
 
 from bertjax import batch as batch_lib
-from bertjax.objectives import nsp
-
-Metrics = dict[str, tuple[jax.Array, jax.Array]]
 
 # Fields whose rows are rebuilt; positions and doc_ids keep their values (the
 # swapped row has the same length), and so do example_id, epoch, example_mask.
@@ -98,20 +95,3 @@ def make_swaps(decision_keys: jax.Array, batch: Mapping[str, jax.Array],
   swap = wants & batch["example_mask"] & (batch["b_lengths"] > 0)
   return swap_segments(batch, swap), swap.astype(jnp.int32)
 
-
-def sop_loss(sop_logits: jax.Array, sop_labels: jax.Array,
-             example_mask: jax.Array) -> tuple[jax.Array, Metrics]:
-  """Mean cross-entropy of the two-way sentence head over real examples.
-
-  Args:
-    sop_logits: float [B, 2] (the model's ``nsp_logits`` output).
-    sop_labels: int32 [B].
-    example_mask: bool [B].
-
-  Returns:
-    (scalar float32 loss, {'sop_loss': (sum, count), 'sop_accuracy':
-    (sum, count)}).
-  """
-  value, metrics = nsp.nsp_loss(sop_logits, sop_labels, example_mask)
-  return value, {"sop_loss": metrics["nsp_loss"],
-                 "sop_accuracy": metrics["nsp_accuracy"]}
