@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from bertjax.models import bert
 from bertjax.models import layers
 from bertjax.models import sizes
 
@@ -56,56 +57,41 @@ def _small_norm(dtype: Dtype, name: str | None = None) -> nn.LayerNorm:
       bias_init=layers.zeros_init(None), name=name)
 
 
-class FactorizedEmbeddings(nn.Module):
+class FactorizedEmbeddings(bert.BertEmbeddings):
   """Word + position + segment embeddings of size E, LayerNorm, then E -> H.
+
+  BERT's embeddings (``bert.BertEmbeddings``: same tables, names and tied
+  ``attend``) at width E instead of H, with a LayerNorm over E and a final
+  E -> H projection.
 
   Attributes:
     vocab_size, max_position_embeddings, type_vocab_size: table rows.
-    embedding_size: E.
     hidden_size: H.
     dropout_rate: dropout on the normalised embeddings.
     dtype: compute dtype.
+    embedding_size: E.
   """
-  vocab_size: int
-  embedding_size: int
-  hidden_size: int
-  max_position_embeddings: int
-  type_vocab_size: int
-  dropout_rate: float = 0.0
-  dtype: Dtype = jnp.float32
+  embedding_size: int = 128
 
   def setup(self):
-    def table(rows: int, row_axis: str, name: str) -> nn.Embed:
-      return nn.Embed(
-          num_embeddings=rows, features=self.embedding_size, dtype=self.dtype,
-          param_dtype=jnp.float32,
-          embedding_init=layers.kernel_init(row_axis, None), name=name)
-
-    self.word_embeddings = table(self.vocab_size, "vocab", "word_embeddings")
-    self.position_embeddings = table(
-        self.max_position_embeddings, "position", "position_embeddings")
-    self.type_embeddings = table(self.type_vocab_size, "type",
-                                 "type_embeddings")
-    self.layer_norm = _small_norm(self.dtype, "layer_norm")
-    self.dropout = nn.Dropout(rate=self.dropout_rate)
+    super().setup()
     self.projection = nn.Dense(
         self.hidden_size, dtype=self.dtype, param_dtype=jnp.float32,
         kernel_init=layers.kernel_init(None, "embed"),
         bias_init=layers.zeros_init("embed"), name="projection")
 
+  def _table_width(self) -> tuple[int, str | None]:
+    # E is small: the tables are split along the vocabulary only.
+    return self.embedding_size, None
+
+  def _norm(self) -> nn.Module:
+    return _small_norm(self.dtype, "layer_norm")
+
   def __call__(self, tokens: jax.Array, segment_ids: jax.Array,
                positions: jax.Array, deterministic: bool) -> jax.Array:
     """Embeds int32 [batch, length] ids into [batch, length, H] (dtype)."""
-    x = (self.word_embeddings(tokens) + self.position_embeddings(positions) +
-         self.type_embeddings(segment_ids))
-    x = self.dropout(self.layer_norm(x), deterministic)
-    return self.projection(x)
-
-  def attend(self, x: jax.Array) -> jax.Array:
-    """Scores [..., E] against every word embedding: float32 [..., vocab]."""
-    table = self.word_embeddings.embedding.astype(self.dtype)
-    return jnp.einsum("...e,ve->...v", x.astype(self.dtype), table,
-                      preferred_element_type=jnp.float32)
+    return self.projection(
+        super().__call__(tokens, segment_ids, positions, deterministic))
 
 
 class SharedEncoder(nn.Module):
@@ -128,10 +114,7 @@ class SharedEncoder(nn.Module):
   dtype: Dtype = jnp.float32
 
   def setup(self):
-    if self.layer_sharing not in SHARING_MODES:
-      raise ValueError(
-          f"Unknown layer_sharing {self.layer_sharing!r}; set "
-          f"--config.layer_sharing to one of {', '.join(SHARING_MODES)}.")
+    # layer_sharing is checked by ``from_config``.
     shared_attention = self.layer_sharing in ("all", "attention")
     shared_mlp = self.layer_sharing in ("all", "ffn")
     num_attention = 1 if shared_attention else self.num_layers

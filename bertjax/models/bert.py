@@ -50,19 +50,29 @@ class BertEmbeddings(nn.Module):
   dtype: Dtype = jnp.float32
 
   def setup(self):
+    width, width_axis = self._table_width()
+
     def table(rows: int, row_axis: str, name: str) -> nn.Embed:
       return nn.Embed(
-          num_embeddings=rows, features=self.hidden_size, dtype=self.dtype,
+          num_embeddings=rows, features=width, dtype=self.dtype,
           param_dtype=jnp.float32,
-          embedding_init=layers.kernel_init(row_axis, "embed"), name=name)
+          embedding_init=layers.kernel_init(row_axis, width_axis), name=name)
 
     self.word_embeddings = table(self.vocab_size, "vocab", "word_embeddings")
     self.position_embeddings = table(
         self.max_position_embeddings, "position", "position_embeddings")
     self.type_embeddings = table(self.type_vocab_size, "type",
                                  "type_embeddings")
-    self.layer_norm = layers.layer_norm(self.dtype, "layer_norm")
+    self.layer_norm = self._norm()
     self.dropout = nn.Dropout(rate=self.dropout_rate)
+
+  def _table_width(self) -> tuple[int, str | None]:
+    """Width of the three tables and its logical axis (ALBERT overrides)."""
+    return self.hidden_size, "embed"
+
+  def _norm(self) -> nn.Module:
+    """The LayerNorm over the summed embeddings (ALBERT overrides)."""
+    return layers.layer_norm(self.dtype, "layer_norm")
 
   def __call__(self, tokens: jax.Array, segment_ids: jax.Array,
                positions: jax.Array, deterministic: bool) -> jax.Array:
