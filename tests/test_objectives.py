@@ -345,3 +345,29 @@ def test_corrupt_traces_once_across_steps():
   # steps (and all the other tests using this setup).
   assert TRACES["dynamic"] == 1
   assert not np.array_equal(outputs[0], outputs[1])
+
+
+def test_mlm_loss_and_gradient_match_a_reference_cross_entropy():
+  # Random logits: the fused formulation must agree with optax's
+  # log-softmax cross-entropy (value and gradient) and with argmax accuracy.
+  import optax
+  rs = np.random.RandomState(11)
+  logits = jnp.asarray(rs.randn(4, P, V).astype(np.float32) * 3)
+  # About half the targets are the argmax, so accuracy is far from 0 and 1.
+  targets = np.where(rs.rand(4, P) < 0.5, np.argmax(np.asarray(logits), -1),
+                     rs.randint(0, V, (4, P))).astype(np.int32)
+  weights = (rs.rand(4, P) < 0.7).astype(np.float32)
+
+  def reference(x):
+    nll = optax.softmax_cross_entropy_with_integer_labels(x, targets)
+    return jnp.sum(nll * weights) / weights.sum()
+
+  value, grad = jax.value_and_grad(
+      lambda x: mlm.mlm_loss(x, targets, weights)[0])(logits)
+  want_value, want_grad = jax.value_and_grad(reference)(logits)
+  np.testing.assert_allclose(float(value), float(want_value), rtol=1e-6)
+  np.testing.assert_allclose(grad, want_grad, atol=1e-7)
+  _, metrics = mlm.mlm_loss(logits, targets, weights)
+  correct = (np.argmax(np.asarray(logits), -1) == targets) * weights
+  assert 0 < correct.sum() < weights.sum()
+  assert float(metrics["mlm_accuracy"][0]) == correct.sum()
