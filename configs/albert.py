@@ -20,9 +20,9 @@ What differs from ``configs/bert.py`` (every other field is BERT's):
                  is the same A and B swapped, made inside the step.
   max_ngram      3 -- n-gram masking with P(n) ∝ 1/n, of whole words.
   dropout        0, as ALBERT v2 trains.
-The paper trains with LAMB (lr 0.00176, batch 4096, 125K steps); bertjax's
-optimizer is AdamW, so the large sizes take the paper's batch and schedule
-with AdamW's hyperparameters.
+  optimizer      'lamb' at the paper sizes, with the paper's lr 0.00176,
+                 batch 4096 and 125K steps (bertjax/optim.py: LayerNorm and
+                 biases get neither decay nor the trust ratio).
 """
 
 import ml_collections
@@ -68,6 +68,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.learning_rate = 2e-3  # shared layers tolerate it; 1e-3 learned slower
     c.warmup_steps = 100
   else:
+    c.optimizer = "lamb"
     c.batch_size = 4096
     c.num_train_steps = 125_000
     c.learning_rate = 1.76e-3
