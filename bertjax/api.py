@@ -6,6 +6,7 @@
   out = model.encode(["The cat sat.", "Another sentence."])
   out["hidden"]        # float32 [batch, length, hidden]  last encoder layer
   out["mlm_logits"]    # float32 [batch, length, vocab]  (when the model has an MLM head)
+  out["nsp_logits"]    # float32 [batch, 2]  NSP, or ALBERT's SOP (where present)
   out["mask"]          # bool    [batch, length]  True on real tokens
   model.embed(texts)   # float32 [batch, hidden]  mean over real tokens
 
@@ -56,18 +57,23 @@ class Model:
     tokenizer: ``bertjax.data.tokenizer.Tokenizer`` or
       ``bertjax.convert.hf_tokenizers.HfTokenizer``; ids are bertjax's.
     fresh_heads: heads an HF checkpoint lacked, initialised at random
-      ('mlm', 'nsp', 'pooler'); their outputs are left out.
+      ('mlm', 'nsp', 'sop', 'pooler'); their outputs are left out.
   """
 
   def __init__(self, config: dict[str, Any], params: Any, tokenizer,
                fresh_heads: Sequence[str] = ()):
     import jax
+    from bertjax import convert
     from bertjax.convert import core
     self.config = dict(config)
     self.params = params
     self.tokenizer = tokenizer
     self.fresh_heads = tuple(fresh_heads)
     self._module = core.build_model(self.config)
+    # Separators between two segments: 1 ([SEP]), 2 for an imported RoBERTa
+    # (<s> A </s></s> B </s>, as its tokenizer joins pairs).
+    mapping = convert.mapping_for_config(self.config)
+    self._pair_separators = int(getattr(mapping, "PAIR_SEPARATORS", 1))
     self._apply = jax.jit(lambda p, x: self._module.apply({"params": p}, x))
 
   @property
@@ -77,10 +83,15 @@ class Model:
 
   def tokenize(self, texts: Sequence[str | tuple[str, str]],
                max_length: int | None = None) -> dict[str, np.ndarray]:
-    """[CLS] A [SEP] (B [SEP]) rows, padded to the longest.
+    """[CLS] A [SEP] (B [SEP]) rows, padded at the end to the longest.
+
+    Positions count from 0 at [CLS]. For an imported RoBERTa that is HF's
+    position padding_idx + 1 (the import dropped the rows below it), so the
+    real tokens of these right-padded rows get HF's positions.
 
     Args:
-      texts: strings, or (A, B) pairs for two segments.
+      texts: strings, or (A, B) pairs for two segments (an imported RoBERTa
+        joins them with two separators, and its single segment id is 0).
       max_length: truncation length (default max_position_embeddings).
 
     Returns:
@@ -88,14 +99,16 @@ class Model:
       real tokens, 0 on padding).
     """
     limit = int(max_length or self.config["max_position_embeddings"])
+    last_segment = int(self.config.get("type_vocab_size", 2)) - 1
     rows, segs = [], []
     for text in texts:
       parts = (text,) if isinstance(text, str) else tuple(text)
       ids, seg = [batch_lib.CLS_ID], [0]
       for s, part in enumerate(parts):
         piece = [int(i) for i in self.tokenizer.encode_batch([part])[0]]
-        ids += piece + [batch_lib.SEP_ID]
-        seg += [s] * (len(piece) + 1)
+        seps = 1 if s == len(parts) - 1 else self._pair_separators
+        ids += piece + [batch_lib.SEP_ID] * seps
+        seg += [min(s, last_segment)] * (len(piece) + seps)
       rows.append(ids[:limit])
       segs.append(seg[:limit])
     length = max(len(r) for r in rows)
@@ -129,8 +142,10 @@ class Model:
     out = self._apply(self.params, x)
     result = {"hidden": np.asarray(out["hidden"], np.float32),
               "mask": x["doc_ids"] != 0}
-    for key, head in (("pooled", "pooler"), ("nsp_logits", "nsp")):
-      if key in out and head not in self.fresh_heads:
+    # The sentence head (NSP, or ALBERT's SOP) reads the pooler: a fresh
+    # pooler makes its logits meaningless too.
+    for key, heads in (("pooled", ("pooler",)), ("nsp_logits", ("pooler", "nsp", "sop"))):
+      if key in out and not set(heads) & set(self.fresh_heads):
         result[key] = np.asarray(out[key], np.float32)
     if want_mlm:
       result["mlm_logits"] = np.asarray(out["mlm_logits"], np.float32)

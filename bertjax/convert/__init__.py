@@ -16,7 +16,12 @@ Layout of the package:
 Adding an architecture: write ``bertjax/convert/<model_type>.py`` with the
 attributes of ``bert.py`` (MODEL_TYPE, BERTJAX_MODEL, HF_ARCHITECTURE,
 BASE_PREFIX, IGNORED, SPECIAL_TOKENS, model_fields, hf_config, rules,
-build_model) and name it in ``ARCHITECTURES``.
+build_model) and name it in ``ARCHITECTURES``. Optional: BASE_CONFIG (the
+configs/<name>.py whose training fields an import takes; default
+BERTJAX_MODEL) and PAIR_SEPARATORS (separators between two segments in
+``bertjax.load(...).tokenize``; default 1). ``roberta.py`` and ``albert.py``
+show the two kinds of difference: a table with extra rows (``skip_rows``)
+and another parameter layout.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from types import ModuleType
 # module through BERTJAX_MODEL.
 ARCHITECTURES = {
     "bert": "bertjax.convert.bert",
+    "roberta": "bertjax.convert.roberta",
+    "albert": "bertjax.convert.albert",
 }
 
 
@@ -41,7 +48,13 @@ def mapping_for_hf(model_type: str) -> ModuleType:
 
 
 def mapping_for_model(model: str) -> ModuleType:
-  """The mapping module whose BERTJAX_MODEL is bertjax's ``config.model``."""
+  """The mapping module whose BERTJAX_MODEL is bertjax's ``config.model``.
+
+  Several HF types can share one bertjax model (RoBERTa is bertjax's BERT);
+  the HF type of the same name comes first.
+  """
+  if model in ARCHITECTURES:
+    return importlib.import_module(ARCHITECTURES[model])
   for name in ARCHITECTURES.values():
     module = importlib.import_module(name)
     if module.BERTJAX_MODEL == model:
@@ -49,3 +62,12 @@ def mapping_for_model(model: str) -> ModuleType:
   raise ValueError(
       f"bertjax model {model!r} cannot be exported to Hugging Face yet; "
       f"supported: {', '.join(sorted(ARCHITECTURES))}.")
+
+
+def mapping_for_config(config) -> ModuleType:
+  """The mapping of a bertjax config: the HF model_type an import recorded
+  (``hf_model_type``), else the default one of ``config['model']``."""
+  model_type = config.get("hf_model_type")
+  if model_type:
+    return mapping_for_hf(model_type)
+  return mapping_for_model(config["model"])

@@ -5,12 +5,15 @@ Import (HF -> bertjax), then continue pretraining or evaluate:
   python -m bertjax.convert --from_hf=path/to/bert-base-uncased --workdir=/tmp/bb
   python -m bertjax.main --config=configs/hf.py:/tmp/bb --workdir=/tmp/bb
 
-``--config`` (default: configs/<model>.py:base of this checkout) supplies the
-training and data fields; the model fields come from the HF config.json.
+``--config`` (default: configs/<bert|roberta|albert>.py:base of this
+checkout, after the HF model_type) supplies the training and data fields;
+the model fields come from the HF config.json.
 
-Export (bertjax -> HF), loadable by transformers' BertForPreTraining:
+Export (bertjax -> HF), loadable by transformers' BertForPreTraining,
+RobertaForMaskedLM or AlbertForPreTraining:
 
-  python -m bertjax.convert --to_hf=/tmp/bb-hf --workdir=/tmp/bb [--step=N]
+  python -m bertjax.convert --to_hf=/tmp/bb-hf --workdir=/tmp/bb [--step=N] \
+      [--model_type=roberta]
 """
 
 import importlib.util
@@ -28,6 +31,9 @@ _FROM_HF = flags.DEFINE_string("from_hf", None, "HF model directory to import.")
 _TO_HF = flags.DEFINE_string("to_hf", None, "Directory to write the HF model into.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "The bertjax workdir.")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step to export; default the latest.")
+_MODEL_TYPE = flags.DEFINE_string(
+    "model_type", None, "HF model_type to export as; default the imported one, else "
+    "bert/albert. 'roberta' writes a bertjax BERT without sentence head as RoBERTa.")
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Base config for an import, e.g. configs/bert.py:base.",
     lock_config=False)
@@ -55,12 +61,15 @@ def main(argv):
   from bertjax.convert import hf_files
   from bertjax.convert import workdir as workdir_lib
   if _TO_HF.value:
-    result = workdir_lib.export_hf(_WORKDIR.value, _TO_HF.value, _STEP.value)
+    result = workdir_lib.export_hf(_WORKDIR.value, _TO_HF.value, _STEP.value,
+                                   _MODEL_TYPE.value)
     print(json.dumps({"exported_step": result["step"], "to": _TO_HF.value,
                       "tokenizer_files": result["tokenizer_files"]}), flush=True)
     return
   model_type = hf_files.read_config(_FROM_HF.value).get("model_type", "")
-  base = _CONFIG.value or _default_config(convert.mapping_for_hf(model_type).BERTJAX_MODEL)
+  mapping = convert.mapping_for_hf(model_type)
+  base = _CONFIG.value or _default_config(
+      getattr(mapping, "BASE_CONFIG", mapping.BERTJAX_MODEL))
   report = workdir_lib.import_hf(_FROM_HF.value, _WORKDIR.value, base)
   for head in report.initialised:
     print(f"note: the checkpoint has no {head} head; it was freshly initialised.")

@@ -19,8 +19,12 @@ from bertjax.convert import rules as R
 DIM_FIELDS = ("num_layers", "hidden_size", "num_heads", "mlp_dim")
 MODEL_FIELDS = ("model", "vocab_size", "max_position_embeddings", "type_vocab_size",
                 *DIM_FIELDS, "dropout_rate", "attention_dropout_rate")
-# Model fields that only some configs have (configs/roberta.py: no pooler/NSP).
-OPTIONAL_FIELDS = ("sentence_head",)
+# Model fields that only some configs have: configs/roberta.py's sentence_head
+# (no pooler/NSP), configs/albert.py's embedding_size and layer_sharing, and
+# what an import records for the way back (the HF model_type, RoBERTa's
+# position offset, the vocabulary reordering).
+OPTIONAL_FIELDS = ("sentence_head", "embedding_size", "layer_sharing", "hf_model_type",
+                   "hf_position_offset", "hf_special_ids")
 # Old TF-converted checkpoints name LayerNorm parameters gamma/beta.
 _LEGACY_SUFFIXES = {".gamma": ".weight", ".beta": ".bias"}
 
@@ -58,7 +62,7 @@ def build_model(config: Mapping[str, Any], dtype: Any = None):
   """The flax module of a config (bertjax's own or imported), float32 by default."""
   import jax.numpy as jnp
   dims = model_dims(config)
-  mapping = convert.mapping_for_model(dims["model"])
+  mapping = convert.mapping_for_config(dims)
   return mapping.build_model(dims, jnp.float32 if dtype is None else dtype)
 
 
@@ -120,6 +124,29 @@ def _normalise(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
   return out
 
 
+def _name_in(mapping: ModuleType, tensors: Mapping[str, np.ndarray],
+             rule: R.Rule) -> str | None:
+  """The name ``rule``'s tensor has in ``tensors``: the full name, or the
+  name without BASE_PREFIX in a bare base model (BertModel, AlbertModel)."""
+  names = [rule.hf]
+  if rule.hf.startswith(mapping.BASE_PREFIX):
+    names.append(rule.hf[len(mapping.BASE_PREFIX):])
+  return next((n for n in names if n in tensors), None)
+
+
+def dropped_rows(mapping: ModuleType, config: Mapping[str, Any],
+                 tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """HF name -> the leading rows that ``skip_rows`` rules drop on import
+  (e.g. RoBERTa's position rows below padding_idx + 1), as saved."""
+  tensors = _normalise(tensors)
+  out = {}
+  for rule in mapping.rules(config):
+    name = _name_in(mapping, tensors, rule) if rule.skip_rows else None
+    if name is not None:
+      out[rule.hf] = R.dropped_rows(rule, tensors[name])
+  return out
+
+
 def hf_to_params(mapping: ModuleType, config: Mapping[str, Any],
                  tensors: Mapping[str, np.ndarray], shapes: Mapping[str, Any],
                  order: np.ndarray | None, seed: int = 0,
@@ -145,14 +172,10 @@ def hf_to_params(mapping: ModuleType, config: Mapping[str, Any],
   found: dict[str, tuple[R.Rule, np.ndarray]] = {}
   used = set()
   for rule in mapping.rules(config):
-    names = [rule.hf]
-    if rule.hf.startswith(mapping.BASE_PREFIX):  # a bare base model's keys
-      names.append(rule.hf[len(mapping.BASE_PREFIX):])
-    for name in names:
-      if name in tensors:
-        found[rule.hf] = (rule, tensors[name])
-        used.add(name)
-        break
+    name = _name_in(mapping, tensors, rule)
+    if name is not None:
+      found[rule.hf] = (rule, tensors[name])
+      used.add(name)
   params = {}
   initialised = []
   heads: dict[str, list[R.Rule]] = {}
@@ -182,7 +205,14 @@ def hf_to_params(mapping: ModuleType, config: Mapping[str, Any],
 
 
 def params_to_hf(mapping: ModuleType, config: Mapping[str, Any],
-                 params: Mapping[str, Any], order: np.ndarray | None) -> dict[str, np.ndarray]:
-  """The HF state dict (full ``HF_ARCHITECTURE`` names) of bertjax params."""
-  return {rule.hf: R.to_hf(rule, np.asarray(R.get_path(params, rule.path)), order)
+                 params: Mapping[str, Any], order: np.ndarray | None,
+                 kept: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+  """The HF state dict (full ``HF_ARCHITECTURE`` names) of bertjax params.
+
+  ``kept`` holds the rows an import dropped (``dropped_rows``); rows a
+  ``skip_rows`` rule needs and ``kept`` lacks are written as zeros.
+  """
+  kept = kept or {}
+  return {rule.hf: R.to_hf(rule, np.asarray(R.get_path(params, rule.path)), order,
+                           kept.get(rule.hf))
           for rule in mapping.rules(config)}

@@ -74,6 +74,17 @@ def read_tensors(hf_dir: str) -> dict[str, np.ndarray]:
       "directory that holds the model's weights.")
 
 
+def read_tensor_file(path: str) -> dict[str, np.ndarray]:
+  """The tensors of one safetensors file (numpy)."""
+  return _safetensors(path)
+
+
+def write_tensors(path: str, tensors: Mapping[str, np.ndarray]) -> None:
+  """Writes numpy tensors to one safetensors file."""
+  from safetensors.numpy import save_file
+  save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, path)
+
+
 def write(out_dir: str, config: Mapping[str, Any], tensors: Mapping[str, np.ndarray]) -> None:
   """Writes config.json and model.safetensors (metadata format 'pt', as
   transformers expects) into ``out_dir``."""

@@ -92,7 +92,13 @@ def _byte_level_bpe(directory: str):
 
 
 class _SentencePiece:
-  """The few calls of ``tokenizers.Tokenizer`` that HfTokenizer uses, on sentencepiece."""
+  """The few calls of ``tokenizers.Tokenizer`` that HfTokenizer uses, on sentencepiece.
+
+  Text is cleaned as transformers' ALBERT/XLNet tokenizers do before the
+  model sees it: whitespace runs collapsed, `` and '' turned into ", accents
+  stripped unless kept, lower-cased if asked; a comma after a digit is split
+  off its piece.
+  """
 
   def __init__(self, path: str, lower: bool, keep_accents: bool):
     import sentencepiece as spm
@@ -101,14 +107,34 @@ class _SentencePiece:
 
   def _clean(self, text: str) -> str:
     text = " ".join(text.strip().split())
+    text = text.replace("``", '"').replace("''", '"')
     if not self._keep_accents:
       text = "".join(c for c in unicodedata.normalize("NFKD", text)
                      if not unicodedata.combining(c))
     return text.lower() if self._lower else text
 
+  def _split_digit_comma(self, piece: str) -> list[str]:
+    """'▁9,' -> ['▁9', ','], as BERT's and ALBERT's tokenizers split a
+    comma after a number, so '9,9' reads as 9 , 9."""
+    pieces = self._sp.encode(piece[:-1].replace("\u2581", ""), out_type=str)
+    if pieces and not piece.startswith("\u2581") and pieces[0].startswith("\u2581"):
+      pieces[0] = pieces[0][1:]
+      if not pieces[0]:
+        pieces = pieces[1:]
+    return pieces + [piece[-1]]
+
   def encode_batch(self, texts, add_special_tokens=False):
     del add_special_tokens
-    return [_Ids(ids) for ids in self._sp.encode([self._clean(t) for t in texts])]
+    out = []
+    for pieces in self._sp.encode([self._clean(t) for t in texts], out_type=str):
+      split = []
+      for piece in pieces:
+        if len(piece) > 1 and piece[-1] == "," and piece[-2].isdigit():
+          split += self._split_digit_comma(piece)
+        else:
+          split.append(piece)
+      out.append(_Ids([self._sp.piece_to_id(p) for p in split]))
+    return out
 
   def get_vocab(self):
     return {self._sp.id_to_piece(i): i for i in range(self._sp.get_piece_size())}
@@ -142,8 +168,10 @@ def _backend(directory: str, specials: Sequence[str]) -> tuple[Any, str]:
   for name in ("spiece.model", "sentencepiece.bpe.model", "spm.model"):
     if os.path.isfile(path(name)):
       cfg = _read_json(path("tokenizer_config.json"))
-      return _SentencePiece(path(name), cfg.get("do_lower_case", False),
-                            cfg.get("keep_accents", True)), "sentencepiece"
+      # AlbertTokenizer lower-cases and strips accents unless told otherwise.
+      albert = str(cfg.get("tokenizer_class", "")).startswith("Albert")
+      return _SentencePiece(path(name), cfg.get("do_lower_case", albert),
+                            cfg.get("keep_accents", not albert)), "sentencepiece"
   raise ValueError(
       f"{directory} has no tokenizer.json, vocab.txt, vocab.json+merges.txt or "
       "sentencepiece .model; copy the model's tokenizer files into it.")
@@ -181,18 +209,20 @@ class HfTokenizer:
   def __init__(self, directory: str, *, special: Sequence[str] | None = None,
                vocab_size: int | None = None):
     meta = _read_json(os.path.join(directory, META_FILE))
-    special = list(special or meta.get("special_tokens") or batch_lib.SPECIAL_TOKENS)
+    special = list(special or meta.get("special_tokens") or
+                   special_tokens(directory, batch_lib.SPECIAL_TOKENS))
     self.path = directory
     self._tok, self._kind = _backend(directory, special)
-    # Specials in the text match as whole tokens, as in transformers.
-    self._tok.add_special_tokens(special)
     vocab = self._tok.get_vocab()
-    self.vocab_size = int(vocab_size or meta.get("vocab_size") or max(vocab.values()) + 1)
+    # Checked before adding them below, which would otherwise invent them.
     missing = [t for t in special if t not in vocab]
     if missing:
       raise ValueError(
           f"Tokenizer {directory} has no token {missing[0]!r}; name its special "
           "tokens in special_tokens_map.json.")
+    # Specials in the text match as whole tokens, as in transformers.
+    self._tok.add_special_tokens(special)
+    self.vocab_size = int(vocab_size or meta.get("vocab_size") or max(vocab.values()) + 1)
     self.special_ids = [vocab[t] for t in special]
     self.order = R.vocab_order(self.special_ids, self.vocab_size)
     self._to_bertjax = np.empty_like(self.order)

@@ -14,6 +14,11 @@ changes shape on the way. Two kinds cover the BERT family:
 Transposes and reshapes move values without arithmetic, so converting there
 and back is bit-identical.
 
+A rule with ``skip_rows`` drops the first rows of an HF table that bertjax
+has no use for (RoBERTa's position table starts at padding_idx + 1, bertjax's
+at 0); the caller keeps those rows (``dropped_rows``) to put them back on
+export, so the round trip stays bit-identical.
+
 Rules marked ``vocab`` have the vocabulary on axis 0 (word embeddings, MLM
 output bias). Their rows are reordered on import so that the five special
 tokens sit at bertjax's fixed ids (``bertjax/batch.py``: [PAD]=0 .. [MASK]=4)
@@ -43,7 +48,9 @@ class Rule:
       are merged down to it: q/k/v biases [heads, kv] -> [H]).
     vocab: axis 0 runs over the vocabulary (rows are reordered).
     head: the part of the model the tensor belongs to ('encoder', 'pooler',
-      'mlm', 'nsp'); a checkpoint may lack whole heads, never part of one.
+      'mlm', 'nsp', 'sop'); a checkpoint may lack whole heads, never part of one.
+    skip_rows: leading rows of the HF tensor (axis 0) with no bertjax
+      counterpart; dropped on import, restored on export.
   """
   hf: str
   path: tuple[str, ...]
@@ -52,6 +59,7 @@ class Rule:
   hf_ndim: int = 1
   vocab: bool = False
   head: str = "encoder"
+  skip_rows: int = 0
 
 
 def linear(hf: str, path: Sequence[str], in_axes: int = 1, head: str = "encoder") -> list[Rule]:
@@ -113,6 +121,7 @@ def to_bertjax(rule: Rule, array: np.ndarray, shape: Sequence[int],
     array = array.T
   if rule.vocab and order is not None:
     array = array[order]
+  array = array[rule.skip_rows:]
   if array.size != int(np.prod(shape)):
     raise ValueError(
         f"HF tensor {rule.hf} has shape {array.shape} but bertjax expects "
@@ -121,8 +130,18 @@ def to_bertjax(rule: Rule, array: np.ndarray, shape: Sequence[int],
   return np.ascontiguousarray(array.reshape(shape))
 
 
-def to_hf(rule: Rule, array: np.ndarray, order: np.ndarray | None) -> np.ndarray:
-  """One bertjax parameter -> its HF array."""
+def dropped_rows(rule: Rule, array: np.ndarray) -> np.ndarray:
+  """The rows of an HF array that ``to_bertjax`` drops ([skip_rows, ...])."""
+  return np.array(array[:rule.skip_rows])
+
+
+def to_hf(rule: Rule, array: np.ndarray, order: np.ndarray | None,
+          head_rows: np.ndarray | None = None) -> np.ndarray:
+  """One bertjax parameter -> its HF array.
+
+  ``head_rows`` are the rows a ``skip_rows`` rule dropped on import
+  (``dropped_rows``); without them those rows are zeros.
+  """
   array = np.asarray(array)
   if rule.kind == "linear":
     n_in = int(np.prod(array.shape[:rule.in_axes]))
@@ -133,6 +152,14 @@ def to_hf(rule: Rule, array: np.ndarray, order: np.ndarray | None) -> np.ndarray
     inverse = np.empty_like(order)
     inverse[order] = np.arange(len(order))
     array = array[inverse]
+  if rule.skip_rows:
+    if head_rows is None:
+      head_rows = np.zeros((rule.skip_rows,) + array.shape[1:], array.dtype)
+    if head_rows.shape != (rule.skip_rows,) + array.shape[1:]:
+      raise ValueError(
+          f"The kept rows of {rule.hf} have shape {head_rows.shape}, not "
+          f"{(rule.skip_rows,) + array.shape[1:]}; they belong to another import.")
+    array = np.concatenate([head_rows.astype(array.dtype), array])
   return np.ascontiguousarray(array)
 
 

@@ -7,6 +7,9 @@ An import writes, under the workdir:
   config.json        the same config, readable; ``configs/hf.py:<workdir>``
                      loads it for ``bertjax.main`` / ``bertjax.evaluate``
   tokenizer/         the model's tokenizer files plus bertjax_tokenizer.json
+  hf_kept_tensors.safetensors
+                     only where the mapping drops HF rows (RoBERTa's first
+                     position rows): those rows as saved, for the export
 
 The config is the user's base config (training hyperparameters, data) with
 the model fields taken from the HF config.json: explicit ``num_layers,
@@ -32,6 +35,9 @@ from bertjax.convert import hf_tokenizers
 
 TOKENIZER_DIR = "tokenizer"
 CONFIG_FILE = "config.json"
+# HF rows with no bertjax parameter (RoBERTa's position rows below
+# padding_idx + 1), kept as saved so that the export restores them.
+KEPT_FILE = "hf_kept_tensors.safetensors"
 
 
 @dataclasses.dataclass
@@ -71,6 +77,11 @@ def load_hf(hf_dir: str, tokenizer_dir: str | None = None, seed: int = 0):
     (model fields with hf_special_ids, params, names of freshly initialised
     heads, HF tensor names not used, the HfTokenizer).
   """
+  return _load_hf(hf_dir, tokenizer_dir, seed)[:5]
+
+
+def _load_hf(hf_dir: str, tokenizer_dir: str | None, seed: int):
+  """``load_hf`` plus the HF rows the params leave out (``core.dropped_rows``)."""
   hf_config = hf_files.read_config(hf_dir)
   mapping = convert.mapping_for_hf(hf_config.get("model_type", ""))
   fields = mapping.model_fields(hf_config)
@@ -83,9 +94,11 @@ def load_hf(hf_dir: str, tokenizer_dir: str | None = None, seed: int = 0):
         hf_dir, tokenizer_dir, mapping.SPECIAL_TOKENS, fields["vocab_size"])
   fields["hf_special_ids"] = tuple(tokenizer.special_ids)
   shapes = core.param_shapes(mapping.build_model(fields, _float32()))
+  tensors = hf_files.read_tensors(hf_dir)
   params, initialised, unused = core.hf_to_params(
-      mapping, fields, hf_files.read_tensors(hf_dir), shapes, tokenizer.order, seed)
-  return fields, params, initialised, unused, tokenizer
+      mapping, fields, tensors, shapes, tokenizer.order, seed)
+  kept = core.dropped_rows(mapping, fields, tensors)
+  return fields, params, initialised, unused, tokenizer, kept
 
 
 def _float32():
@@ -117,7 +130,7 @@ def import_hf(hf_dir: str, workdir: str, base_config) -> ImportReport:
     raise ValueError(
         f"{workdir} already has checkpoints; pass a new --workdir to import into.")
   tok_dir = os.path.join(workdir, TOKENIZER_DIR)
-  fields, params, initialised, unused, tokenizer = load_hf(
+  fields, params, initialised, unused, tokenizer, kept = _load_hf(
       hf_dir, tok_dir, seed=int(base_config.get("seed", 0)))
   config = ml_collections.ConfigDict(base_config.to_dict())
   for key, value in fields.items():
@@ -128,6 +141,10 @@ def import_hf(hf_dir: str, workdir: str, base_config) -> ImportReport:
   config.seq_len = min(int(config.seq_len), int(fields["max_position_embeddings"]))
   config.max_predictions_per_seq = min(int(config.max_predictions_per_seq),
                                        int(config.seq_len))
+  if kept:
+    config.hf_kept_tensors = os.path.join(workdir, KEPT_FILE)
+    os.makedirs(workdir, exist_ok=True)
+    hf_files.write_tensors(config.hf_kept_tensors, kept)
 
   tx = optim.make_optimizer(config)
   state = state_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params,
@@ -206,11 +223,31 @@ def _bertjax_tokenizer_files(config: dict[str, Any], workdir: str, out_dir: str)
   return ["spiece.model", "tokenizer_config.json", "special_tokens_map.json"]
 
 
-def export_hf(workdir: str, out_dir: str, step: int | None = None) -> dict[str, Any]:
+def _kept_tensors(config: dict[str, Any]) -> dict[str, np.ndarray]:
+  path = config.get("hf_kept_tensors")
+  if not path:
+    return {}
+  if not os.path.isfile(path):
+    logging.warning("%s is gone; the HF rows it kept are exported as zeros.", path)
+    return {}
+  return hf_files.read_tensor_file(path)
+
+
+def export_hf(workdir: str, out_dir: str, step: int | None = None,
+              model_type: str | None = None) -> dict[str, Any]:
   """Writes a workdir's checkpoint as an HF model directory.
 
-  ``transformers.<HF_ARCHITECTURE>.from_pretrained(out_dir)`` (for BERT,
-  BertForPreTraining) loads it with no missing or unexpected weights.
+  ``transformers.<HF_ARCHITECTURE>.from_pretrained(out_dir)`` (BERT:
+  BertForPreTraining, RoBERTa: RobertaForMaskedLM, ALBERT:
+  AlbertForPreTraining) loads it with no missing or unexpected weights.
+
+  Args:
+    workdir: a bertjax workdir with checkpoints.
+    out_dir: the HF directory to write.
+    step: the checkpoint step; None for the latest.
+    model_type: the HF model_type to write; None for the one the import
+      recorded, else the default of config.model ('bert' or 'albert'). A
+      bertjax BERT without sentence head can be written as 'roberta'.
 
   Returns:
     {'step': the exported step, 'tokenizer_files': names written}.
@@ -218,11 +255,18 @@ def export_hf(workdir: str, out_dir: str, step: int | None = None) -> dict[str, 
   from bertjax import batch as batch_lib
   workdir = os.path.abspath(workdir)
   config, params, step = load_params(workdir, step)
-  mapping = convert.mapping_for_model(config["model"])
   dims = core.model_dims(config)
+  if model_type:
+    dims["hf_model_type"] = model_type
+  mapping = convert.mapping_for_config(dims)
+  if mapping.BERTJAX_MODEL != dims["model"]:
+    raise ValueError(
+        f"A bertjax {dims['model']!r} model cannot be written as HF "
+        f"{mapping.MODEL_TYPE!r}; pass --model_type for a {dims['model']} mapping.")
   special = config.get("hf_special_ids")
   pad_id = special[0] if special else batch_lib.PAD_ID
-  tensors = core.params_to_hf(mapping, dims, params, core.vocab_order(config))
+  tensors = core.params_to_hf(mapping, dims, params, core.vocab_order(config),
+                              _kept_tensors(config))
   hf_files.write(out_dir, mapping.hf_config(dims, pad_id), tensors)
   tok_path = config.get("tokenizer_path")
   if config.get("tokenizer") == "hf" and tok_path and os.path.isdir(tok_path):

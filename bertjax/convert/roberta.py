@@ -1,0 +1,132 @@
+"""RoBERTa <-> Hugging Face ``RobertaForMaskedLM`` (model_type 'roberta').
+
+bertjax's RoBERTa is its BERT without the sentence head (configs/roberta.py:
+``model='bert'``, ``sentence_head=False``), so the encoder's tensors are
+BERT's under the prefix ``roberta.`` and the MLM head is ``lm_head``. Two
+things differ from ``bert.py``:
+
+* Positions. HF RoBERTa numbers the real tokens of a row from
+  ``padding_idx + 1`` (``padding_idx`` is config.json's pad_token_id, 1), and
+  gives padding the position ``padding_idx``; bertjax numbers them from 0.
+  The import drops the first ``padding_idx + 1`` rows of the position table
+  (``rules.Rule.skip_rows``), so bertjax's max_position_embeddings is HF's
+  minus that offset (514 -> 512), and records the offset as
+  ``hf_position_offset``. The dropped rows never meet a real token; the
+  import keeps them in a side file of the workdir and the export puts them
+  back, bit-identical. A RoBERTa pretrained in bertjax exports them as zeros
+  (pad_token_id 0, offset 1).
+* Special tokens. <s>=0 <pad>=1 </s>=2 <unk>=3 and <mask> last, which
+  bertjax's vocabulary reordering (``rules.vocab_order``) moves to its fixed
+  ids like BERT's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from bertjax import batch as batch_lib
+from bertjax.convert import bert as bert_mapping
+from bertjax.convert import rules as R
+
+MODEL_TYPE = "roberta"
+BERTJAX_MODEL = "bert"
+BASE_CONFIG = "roberta"  # configs/roberta.py: MLM only, full-sentence rows
+HF_ARCHITECTURE = "RobertaForMaskedLM"
+BASE_PREFIX = "roberta."
+# Buffers, the tied decoder, and the pooler of a bare RobertaModel, which
+# RobertaForMaskedLM does not have either (it is reported as unused).
+IGNORED = ("roberta.embeddings.position_ids", "roberta.embeddings.token_type_ids",
+           "lm_head.decoder.weight", "lm_head.decoder.bias")
+SPECIAL_TOKENS = ("<pad>", "<unk>", "<s>", "</s>", "<mask>")
+# RoBERTa joins two segments as <s> A </s></s> B </s>.
+PAIR_SEPARATORS = 2
+
+
+def position_offset(config: Mapping[str, Any]) -> int:
+  """HF position of bertjax's position 0: padding_idx + 1.
+
+  An import records it (``hf_position_offset``); otherwise the pad id is
+  the imported tokenizer's or bertjax's [PAD] (0).
+  """
+  if config.get("hf_position_offset"):
+    return int(config["hf_position_offset"])
+  special = config.get("hf_special_ids")
+  return int(special[0] if special else batch_lib.PAD_ID) + 1
+
+
+def model_fields(hf_config: Mapping[str, Any]) -> dict[str, Any]:
+  """bertjax config fields of an HF RoBERTa config.json.
+
+  Raises:
+    ValueError: where the model computes something bertjax's BERT does not
+      (see ``bert.model_fields``), or has no pad_token_id to place positions.
+  """
+  fields = bert_mapping.model_fields(hf_config)
+  pad = hf_config.get("pad_token_id")
+  if pad is None or int(pad) < 0:
+    raise ValueError(
+        "config.json has no pad_token_id, which RoBERTa's positions start "
+        "from; add it (1 for the released RoBERTa models).")
+  offset = int(pad) + 1
+  if fields["max_position_embeddings"] <= offset:
+    raise ValueError(
+        f"config.json has max_position_embeddings="
+        f"{fields['max_position_embeddings']}, no room for positions after "
+        f"padding_idx {pad}; is pad_token_id right?")
+  fields.update(max_position_embeddings=fields["max_position_embeddings"] - offset,
+                sentence_head=False, hf_model_type=MODEL_TYPE,
+                hf_position_offset=offset)
+  return fields
+
+
+def hf_config(config: Mapping[str, Any], pad_token_id: int) -> dict[str, Any]:
+  """The HF config.json of a bertjax RoBERTa (BERT without sentence head).
+
+  ``pad_token_id`` is the tokenizer's; the model's padding_idx is the one
+  its position table was laid out for (``position_offset - 1``).
+  """
+  del pad_token_id
+  offset = position_offset(config)
+  out = bert_mapping.hf_config(config, offset - 1)
+  special = config.get("hf_special_ids")
+  cls_id, sep_id = (special[2], special[3]) if special else (
+      batch_lib.CLS_ID, batch_lib.SEP_ID)
+  out.update(model_type=MODEL_TYPE, architectures=[HF_ARCHITECTURE],
+             max_position_embeddings=int(config["max_position_embeddings"]) + offset,
+             bos_token_id=int(cls_id), eos_token_id=int(sep_id))
+  return out
+
+
+def _renamed(rule: R.Rule, old: str, new: str, **changes) -> R.Rule:
+  return dataclasses.replace(rule, hf=new + rule.hf[len(old):], **changes)
+
+
+def rules(config: Mapping[str, Any]) -> list[R.Rule]:
+  """Every tensor of ``RobertaForMaskedLM`` and where it lives in bertjax."""
+  if config.get("sentence_head", True):
+    raise ValueError(
+        "This bertjax BERT has a pooler and NSP head, which RobertaForMaskedLM "
+        "has no place for; export it as model_type 'bert' or train it with "
+        "sentence_head=False (configs/roberta.py).")
+  out = []
+  for rule in bert_mapping.rules({**config, "sentence_head": False}):
+    if rule.hf.startswith("bert."):
+      rule = _renamed(rule, "bert.", BASE_PREFIX)
+      if rule.path == ("embeddings", "position_embeddings", "embedding"):
+        rule = dataclasses.replace(rule, skip_rows=position_offset(config))
+    elif rule.hf.startswith("cls.predictions.transform.LayerNorm"):
+      rule = _renamed(rule, "cls.predictions.transform.LayerNorm", "lm_head.layer_norm")
+    elif rule.hf.startswith("cls.predictions.transform.dense"):
+      rule = _renamed(rule, "cls.predictions.transform.dense", "lm_head.dense")
+    elif rule.hf == "cls.predictions.bias":
+      rule = dataclasses.replace(rule, hf="lm_head.bias")
+    else:
+      raise ValueError(f"No RoBERTa name for BERT tensor {rule.hf}.")
+    out.append(rule)
+  return out
+
+
+def build_model(config: Mapping[str, Any], dtype: Any):
+  """The bertjax module (BERT without sentence head) for explicit dimensions."""
+  return bert_mapping.build_model({**config, "sentence_head": False}, dtype)
