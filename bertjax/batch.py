@@ -18,6 +18,14 @@ Fields (dtype, shape):
                              crosses different doc_ids (nor touches 0).
   word_starts  bool  [B, L]  True at the first sub-token of each word; also True
                              at special tokens (each is a one-token word).
+  phrase_starts bool [B, L]  like word_starts, but False inside a phrase
+                             after its first word, so that a whole phrase is
+                             one unit (ERNIE's phrase-level masking).
+  entity_starts bool [B, L]  the same with named entities as the units.
+                             Both equal word_starts unless the shards were
+                             prepared with ``config.knowledge_spans``
+                             (bertjax/data/knowledge.py); a unit never
+                             crosses a sentence, segment or special token.
   special      bool  [B, L]  True where a token must never be corrupted:
                              [CLS], [SEP], padding.
   a_lengths    int32 [B]     number of tokens of sentence A (no specials).
@@ -52,6 +60,10 @@ MASK_ID = 4
 NUM_SPECIAL_TOKENS = 5
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
+# Unit boundaries beyond words (ERNIE's knowledge masking). The packers and the
+# in-step pair rebuilds treat each exactly like word_starts.
+KNOWLEDGE_FIELDS = ("phrase_starts", "entity_starts")
+
 # name -> (numpy dtype, shape suffix after the batch dimension; "L" = seq_len)
 FIELDS: Mapping[str, tuple[Any, tuple[Any, ...]]] = {
     "tokens": (np.int32, ("L",)),
@@ -59,6 +71,8 @@ FIELDS: Mapping[str, tuple[Any, tuple[Any, ...]]] = {
     "positions": (np.int32, ("L",)),
     "doc_ids": (np.int32, ("L",)),
     "word_starts": (np.bool_, ("L",)),
+    "phrase_starts": (np.bool_, ("L",)),
+    "entity_starts": (np.bool_, ("L",)),
     "special": (np.bool_, ("L",)),
     "a_lengths": (np.int32, ()),
     "b_lengths": (np.int32, ()),

@@ -7,7 +7,11 @@
 * ``bertjax_tokenized``: the "tokenize once" output. One BuilderConfig per text
   source (its name is the source's ``source_key``); its metadata records the
   tokenizer fingerprint, vocab size and source name. Variant-independent: no
-  masks, no pairs, only ids, word starts and sentence boundaries.
+  masks, no pairs, only ids, word starts and sentence boundaries. A config
+  with ``knowledge_spans`` (ERNIE) gets its own BuilderConfig,
+  ``<source_key>__knowledge``, whose shards add phrase and entity starts
+  (``bertjax/data/knowledge.py``), so both kinds live side by side in one
+  data directory and share the tokenizer.
 
 Text datasets have features ``{'id': Text, 'sentences': Sequence(Text)}``.
 Build with ``Cls(data_dir=..., file_format='array_record').download_and_prepare()``
@@ -28,6 +32,8 @@ from absl import logging
 import numpy as np
 import tensorflow_datasets as tfds
 
+from bertjax import batch as batch_lib
+from bertjax.data import knowledge as knowledge_lib
 from bertjax.data import python_docs
 from bertjax.data import sentences as sentences_lib
 from bertjax.data import tokenizer as tokenizer_lib
@@ -40,6 +46,8 @@ _ENCODE_CHUNK = 256
 
 # A text document as the tokenizer step sees it: (document id, sentences).
 Document = tuple[str, list[str]]
+# Suffix of the tokenized BuilderConfig whose shards carry knowledge spans.
+KNOWLEDGE_SUFFIX = "__knowledge"
 
 
 def text_features() -> tfds.features.FeaturesDict:
@@ -254,15 +262,19 @@ class BertjaxLocalText(OfflineBuilder):
       yield doc_id, {"id": doc_id, "sentences": sents}
 
 
-def tokenize_documents(docs: Iterable[Document], tok: tokenizer_lib.Tokenizer
+def tokenize_documents(docs: Iterable[Document], tok: tokenizer_lib.Tokenizer,
+                       marker: knowledge_lib.Marker | None = None
                        ) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
   """Tokenizes documents into shard examples, in batches for speed.
 
   Yields:
     (index of the document in ``docs``, example) for every document with at
     least 2 tokens; example: tokens int32 [n], word_starts bool [n],
-    sentence_lengths int32 [s] (empty sentences dropped, sum == n).
+    sentence_lengths int32 [s] (empty sentences dropped, sum == n), and with
+    a ``marker`` also phrase_starts and entity_starts bool [n].
   """
+  reader = knowledge_lib.WordReader(tok) if marker is not None else None
+
   def flush(chunk):
     flat = [s for _, sents in chunk for s in sents]
     encoded = iter(tok.encode_batch(flat))
@@ -272,11 +284,14 @@ def tokenize_documents(docs: Iterable[Document], tok: tokenizer_lib.Tokenizer
       tokens = np.concatenate(pieces) if pieces else np.zeros([0], np.int32)
       if tokens.size < 2:
         continue
-      yield index, {
+      example = {
           "tokens": tokens,
           "word_starts": tok.word_starts(tokens),
           "sentence_lengths": np.array([p.size for p in pieces], np.int32),
       }
+      if marker is not None:
+        example.update(marker.mark(example, reader))
+      yield index, example
 
   chunk = []
   for index, (_, sents) in enumerate(docs):
@@ -292,17 +307,27 @@ class BertjaxTokenized(OfflineBuilder):
 
   Construct with ``config=tfds.core.BuilderConfig(name=source_key(dataset))``;
   for building also pass ``sources`` (split name -> callable returning an
-  iterable of Documents), ``tokenizer`` and ``source_name``.
+  iterable of Documents), ``tokenizer`` and ``source_name``. With
+  ``knowledge`` (name ``source_key + KNOWLEDGE_SUFFIX``) the phrase chunker
+  and default entities are fitted on split ``fit_split`` first, their lists
+  written to ``knowledge_dir``, and every example gets phrase and entity
+  starts.
   """
 
   VERSION = tfds.core.Version("1.0.0")
 
   def __init__(self, *, sources: dict[str, Callable[[], Iterable[Document]]] | None = None,
                tokenizer: tokenizer_lib.Tokenizer | None = None,
-               source_name: str = "", **kwargs):
+               source_name: str = "",
+               knowledge: knowledge_lib.Settings | None = None,
+               fit_split: str = "", knowledge_dir: str = "", **kwargs):
     self._sources = sources or {}
     self._tokenizer = tokenizer
     self._source_name = source_name
+    self._knowledge = knowledge
+    self._fit_split = fit_split
+    self._knowledge_dir = knowledge_dir
+    self._marker: knowledge_lib.Marker | None = None
     super().__init__(**kwargs)
 
   def _info(self) -> tfds.core.DatasetInfo:
@@ -314,14 +339,19 @@ class BertjaxTokenized(OfflineBuilder):
           source=self._source_name,
           split_names={split_key(s): s for s in self._sources},
           num_tokens={})
+    features = {
+        "tokens": tfds.features.Tensor(shape=(None,), dtype=np.int32),
+        "word_starts": tfds.features.Tensor(shape=(None,), dtype=np.bool_),
+        "sentence_lengths": tfds.features.Tensor(shape=(None,), dtype=np.int32),
+    }
+    if self._knowledge is not None:
+      metadata["knowledge_fingerprint"] = self._knowledge.fingerprint()
+      for name in batch_lib.KNOWLEDGE_FIELDS:
+        features[name] = tfds.features.Tensor(shape=(None,), dtype=np.bool_)
     return tfds.core.DatasetInfo(
         builder=self,
         description="Tokenized documents: ids, word starts, sentence lengths.",
-        features=tfds.features.FeaturesDict({
-            "tokens": tfds.features.Tensor(shape=(None,), dtype=np.int32),
-            "word_starts": tfds.features.Tensor(shape=(None,), dtype=np.bool_),
-            "sentence_lengths": tfds.features.Tensor(shape=(None,), dtype=np.int32),
-        }),
+        features=tfds.features.FeaturesDict(features),
         metadata=tfds.core.MetadataDict(metadata))
 
   def _split_generators(self, dl_manager):
@@ -330,12 +360,23 @@ class BertjaxTokenized(OfflineBuilder):
       raise ValueError(
           "bertjax_tokenized is built by bertjax.data.prepare.prepare(config, "
           "data_dir); run `python -m bertjax.prepare --config=... --workdir=...`.")
+    if self._knowledge is not None:
+      self._marker = knowledge_lib.fit(
+          (ex for _, ex in tokenize_documents(self._sources[self._fit_split](),
+                                              self._tokenizer)),
+          knowledge_lib.WordReader(self._tokenizer), self._knowledge)
+      logging.info("Knowledge units: %d phrases, %d entities (lists in %s).",
+                   len(self._marker.phrases), len(self._marker.entities),
+                   self._knowledge_dir)
+      if self._knowledge_dir:
+        self._marker.write(self._knowledge_dir)
     return {split_key(split): self._generate_examples(split, docs)
             for split, docs in self._sources.items()}
 
   def _generate_examples(self, split: str, docs: Callable[[], Iterable[Document]]):
     count = tokens = 0
-    for index, example in tokenize_documents(docs(), self._tokenizer):
+    for index, example in tokenize_documents(docs(), self._tokenizer,
+                                             self._marker):
       count += 1
       tokens += example["tokens"].size
       yield index, example

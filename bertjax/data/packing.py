@@ -14,10 +14,15 @@ A document is a mapping of numpy arrays:
   tokens            int32 [n]  token ids (>= NUM_SPECIAL_TOKENS).
   word_starts       bool  [n]  True at the first sub-token of each word.
   sentence_lengths  int32 [s]  tokens per sentence, summing to n.
+  phrase_starts, entity_starts  bool [n], optional: ERNIE's unit boundaries
+                    (bertjax/data/knowledge.py); word_starts where absent.
+                    They travel exactly like word_starts, and a segment or
+                    chunk always opens a unit in them.
 
 A row is a dict with the per-example Batch fields of ``bertjax/batch.py``
 without the batch dimension: tokens, segment_ids, positions, doc_ids,
-word_starts, special ([seq_len] each) and the scalars a_lengths, b_lengths.
+word_starts, phrase_starts, entity_starts, special ([seq_len] each) and the
+scalars a_lengths, b_lengths.
 The pipeline adds example_id, epoch and example_mask.
 
 The sentence-pair layout follows BERT's create_pretraining_data with two
@@ -34,13 +39,25 @@ from typing import Any, Callable, Mapping, NamedTuple
 import numpy as np
 
 from bertjax import batch as batch_lib
+from bertjax.data import knowledge
 from bertjax.data import single_segment
 
 
 class Segment(NamedTuple):
-  """One side of a pair: tokens int32 [n] and word_starts bool [n], n >= 1."""
+  """One side of a pair: tokens int32 [n] and word_starts bool [n], n >= 1.
+
+  phrase_starts / entity_starts bool [n]: ERNIE's unit boundaries; None
+  means word_starts.
+  """
   tokens: np.ndarray
   word_starts: np.ndarray
+  phrase_starts: np.ndarray | None = None
+  entity_starts: np.ndarray | None = None
+
+  def starts(self, name: str) -> np.ndarray:
+    """The boundary array ``name`` (word_starts for an absent knowledge one)."""
+    value = getattr(self, name)
+    return self.word_starts if value is None else value
 
 
 class PairInstance(NamedTuple):
@@ -65,15 +82,21 @@ class PairInstance(NamedTuple):
   b_end: int
 
 
-def _segment(tokens: np.ndarray, word_starts: np.ndarray, start: int,
+def _segment(tokens: np.ndarray, starts: Mapping[str, np.ndarray], start: int,
              end: int, front_cut: bool) -> Segment:
-  ws = word_starts[start:end]
+  ws = starts["word_starts"][start:end]
   if front_cut:
     # The token that now opens the segment starts a word for whole-word
     # masking, even if it was the middle of a word in the document.
     ws = ws.copy()
     ws[0] = True
-  return Segment(tokens[start:end], ws)
+  units = {}
+  for name in batch_lib.KNOWLEDGE_FIELDS:
+    # A segment may start inside a phrase (a one-sentence chunk is split
+    # between words): a word that opens the segment opens a unit too.
+    units[name] = starts[name][start:end].copy()
+    units[name][0] |= ws[0]
+  return Segment(tokens[start:end], ws, **units)
 
 
 def _truncation_counts(len_a: int, len_b: int, max_tokens: int) -> tuple[int, int]:
@@ -129,9 +152,11 @@ def pair_instances(doc: Mapping[str, np.ndarray], *, seq_len: int,
     raise ValueError(
         f"seq_len={seq_len} leaves no room for a sentence pair; use seq_len >= 5.")
   tokens = np.asarray(doc["tokens"])
-  word_starts = np.asarray(doc["word_starts"], dtype=bool)
+  starts = knowledge.unit_starts(doc)
+  word_starts = starts["word_starts"]
   lengths = np.asarray(doc["sentence_lengths"])
-  if int(lengths.sum()) != len(tokens) or len(word_starts) != len(tokens):
+  if int(lengths.sum()) != len(tokens) or any(
+      len(v) != len(tokens) for v in starts.values()):
     raise ValueError(
         f"Document has {len(tokens)} tokens, {len(word_starts)} word_starts and "
         f"sentence_lengths summing to {int(lengths.sum())}; re-prepare the data "
@@ -164,8 +189,8 @@ def pair_instances(doc: Mapping[str, np.ndarray], *, seq_len: int,
       a_start, a_end = start + front_a, split - (cut_a - front_a)
       b_start, b_end = split + front_b, end - (cut_b - front_b)
       out.append(PairInstance(
-          a=_segment(tokens, word_starts, a_start, a_end, front_a > 0),
-          b=_segment(tokens, word_starts, b_start, b_end, front_b > 0),
+          a=_segment(tokens, starts, a_start, a_end, front_a > 0),
+          b=_segment(tokens, starts, b_start, b_end, front_b > 0),
           target_length=target, chunk_start=start, split=split,
           chunk_end=end, a_start=a_start, a_end=a_end, b_start=b_start,
           b_end=b_end))
@@ -183,8 +208,9 @@ def pair_row(a: Segment, b: Segment, seq_len: int) -> dict[str, np.ndarray]:
     seq_len: row length L.
 
   Returns:
-    tokens, segment_ids, positions, doc_ids int32 [L]; word_starts, special
-    bool [L]; a_lengths, b_lengths int32 [] (n_a, n_b).
+    tokens, segment_ids, positions, doc_ids int32 [L]; word_starts,
+    phrase_starts, entity_starts, special bool [L]; a_lengths, b_lengths
+    int32 [] (n_a, n_b).
   """
   la, lb = len(a.tokens), len(b.tokens)
   n = la + lb + 3
@@ -206,20 +232,22 @@ def pair_row(a: Segment, b: Segment, seq_len: int) -> dict[str, np.ndarray]:
   special = np.zeros(seq_len, bool)
   special[[0, sep_a]] = True
   special[n - 1:] = True
-  word_starts = np.zeros(seq_len, bool)
-  word_starts[1:sep_a] = a.word_starts
-  word_starts[b0:n - 1] = b.word_starts
-  word_starts[[0, sep_a, n - 1]] = True
-  return {
+  row = {
       "tokens": tokens,
       "segment_ids": segment_ids,
       "positions": np.arange(seq_len, dtype=np.int32),
       "doc_ids": doc_ids,
-      "word_starts": word_starts,
       "special": special,
       "a_lengths": np.int32(la),
       "b_lengths": np.int32(lb),
   }
+  for name in ("word_starts",) + batch_lib.KNOWLEDGE_FIELDS:
+    starts = np.zeros(seq_len, bool)
+    starts[1:sep_a] = a.starts(name)
+    starts[b0:n - 1] = b.starts(name)
+    starts[[0, sep_a, n - 1]] = True
+    row[name] = starts
+  return row
 
 
 def sentence_pair_rows(doc: Mapping[str, np.ndarray], config: Any,

@@ -7,6 +7,10 @@
                                             read where the user prepared them)
   <data_dir>/tokenizers/<source>.model      sentencepiece, trained on train_split
   <data_dir>/bertjax_tokenized/<source>/... shards of train_split and eval_split
+  <data_dir>/bertjax_tokenized/<source>__knowledge/...  the same with phrase
+                                            and entity starts, when
+                                            config.knowledge_spans (ERNIE)
+  <data_dir>/knowledge/<source>/            the fitted phrase and entity lists
 
 and reuses (after checking) what is there, so a second call takes about a
 second. It never deletes anything: when something on disk does not match the
@@ -25,6 +29,7 @@ from absl import logging
 import tensorflow_datasets as tfds
 
 from bertjax.data import builders
+from bertjax.data import knowledge
 from bertjax.data import sentences as sentences_lib
 from bertjax.data import tokenizer as tokenizer_lib
 
@@ -58,7 +63,9 @@ class PreparedData:
     """Random access (``len``, ``[i]``) to a split's tokenized documents.
 
     Each item is a dict of numpy arrays: tokens int32 [n], word_starts bool [n],
-    sentence_lengths int32 [s] with ``sum(sentence_lengths) == n``.
+    sentence_lengths int32 [s] with ``sum(sentence_lengths) == n``; shards
+    prepared with ``config.knowledge_spans`` add phrase_starts and
+    entity_starts bool [n].
     """
     if split not in self.splits:
       raise ValueError(
@@ -273,7 +280,8 @@ def prepare(config, data_dir: str) -> PreparedData:
 
   Args:
     config: the run's ConfigDict (dataset, text_files, text_feature,
-      train_split, eval_split, tokenizer, vocab_size).
+      train_split, eval_split, tokenizer, vocab_size; knowledge_spans and the
+      ``ernie_*`` fields of bertjax/data/knowledge.py).
     data_dir: root directory of everything prepared (see module docstring).
 
   Returns:
@@ -287,16 +295,21 @@ def prepare(config, data_dir: str) -> PreparedData:
     raise ValueError(
         f"Unknown tokenizer type {config.tokenizer!r}; set --config.tokenizer to "
         f"one of {', '.join(tokenizer_lib.MODEL_TYPES)}.")
+  spans = (knowledge.Settings.from_config(config)
+           if config.get("knowledge_spans", False) else None)
   start = time.time()
   os.makedirs(data_dir, exist_ok=True)
   key = builders.source_key(config.dataset)
   sources = _text_sources(config, data_dir)
   tok = _tokenizer(config, data_dir, key, sources[config.train_split])
 
+  name = key + (builders.KNOWLEDGE_SUFFIX if spans else "")
   builder = builders.BertjaxTokenized(
-      data_dir=data_dir, config=tfds.core.BuilderConfig(name=key),
+      data_dir=data_dir, config=tfds.core.BuilderConfig(name=name),
       file_format=builders.FILE_FORMAT, sources=sources, tokenizer=tok,
-      source_name=config.dataset)
+      source_name=config.dataset, knowledge=spans,
+      fit_split=config.train_split,
+      knowledge_dir=os.path.join(data_dir, "knowledge", key))
   if builder.is_prepared():
     stored = tfds.builder_from_directory(builder.data_path).info
     fingerprint = stored.metadata.get("tokenizer_fingerprint")
@@ -310,6 +323,12 @@ def prepare(config, data_dir: str) -> PreparedData:
       raise ValueError(
           f"Shards in {builder.data_path} lack split(s) {missing}; point "
           f"--config.data_dir at a new directory to tokenize them.")
+    if spans and stored.metadata.get("knowledge_fingerprint") != spans.fingerprint():
+      raise ValueError(
+          f"Shards in {builder.data_path} were marked with other phrase/entity "
+          f"settings or another gazetteer; point --config.data_dir at a new "
+          f"directory (or restore the ernie_* fields and gazetteer they were "
+          f"made with).")
     logging.info("Reusing tokenized shards %s.", builder.data_path)
   else:
     tok_start = time.time()

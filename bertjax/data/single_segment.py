@@ -15,6 +15,9 @@ blocked between parts unless the objective merges them) and its positions
 restart at 1 (the first token after [CLS] in a one-part row). ``segment_ids``
 are 0, ``a_lengths`` counts the non-special tokens and ``b_lengths`` is 0.
 
+ERNIE's unit boundaries (phrase_starts, entity_starts; word_starts where a
+document has none) travel with word_starts, and every chunk opens a unit.
+
 ``doc_sentence_rows`` is an ordinary per-document layout; ``full_sentences``
 needs the stream, so the pipeline reads it through ``fill_row`` whose only
 state is (current document, next chunk), which checkpoints exactly.
@@ -27,6 +30,10 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple
 import numpy as np
 
 from bertjax import batch as batch_lib
+from bertjax.data import knowledge
+
+# The per-token boundary fields a row carries (bertjax/batch.py).
+_STARTS = ("word_starts",) + batch_lib.KNOWLEDGE_FIELDS
 
 
 def sentence_chunks(doc: Mapping[str, np.ndarray], max_tokens: int) -> np.ndarray:
@@ -78,7 +85,7 @@ class RowBuilder:
       raise ValueError(
           f"seq_len={seq_len} leaves no room for [CLS] text [SEP]; use seq_len >= 3.")
     self.seq_len = seq_len
-    self._parts: list[list[tuple[np.ndarray, np.ndarray]]] = []
+    self._parts: list[list[tuple[np.ndarray, dict[str, np.ndarray]]]] = []
     self._used = 1  # [CLS]
 
   @property
@@ -86,13 +93,16 @@ class RowBuilder:
     return not self._parts
 
   def add(self, tokens: np.ndarray, word_starts: np.ndarray,
-          new_part: bool) -> bool:
+          new_part: bool,
+          units: Mapping[str, np.ndarray] | None = None) -> bool:
     """Appends a chunk if it fits; returns whether it did.
 
     Args:
       tokens: int32 [n], n >= 1; word_starts: bool [n].
       new_part: the chunk opens a new part (another document); the first
         chunk of a row always does.
+      units: phrase_starts / entity_starts bool [n]; absent ones are
+        word_starts.
     """
     new_part = new_part or not self._parts
     cost = len(tokens) + int(new_part)  # a new part brings its [SEP]
@@ -100,7 +110,9 @@ class RowBuilder:
       return False
     if new_part:
       self._parts.append([])
-    self._parts[-1].append((tokens, word_starts))
+    starts = {name: word_starts for name in _STARTS}
+    starts.update(units or {})
+    self._parts[-1].append((tokens, starts))
     self._used += cost
     return True
 
@@ -109,24 +121,28 @@ class RowBuilder:
     n = self.seq_len
     out = {name: np.zeros(n, np.int32)
            for name in ("tokens", "segment_ids", "positions", "doc_ids")}
-    out["word_starts"] = np.zeros(n, bool)
+    for name in _STARTS:
+      out[name] = np.zeros(n, bool)
+      out[name][0] = True
     out["special"] = np.ones(n, bool)
     out["tokens"][0] = batch_lib.CLS_ID
     out["doc_ids"][0] = 1
-    out["word_starts"][0] = True
     t = 1
     for k, part in enumerate(self._parts):
       start = t
-      for tokens, word_starts in part:
+      for tokens, starts in part:
         end = t + len(tokens)
         out["tokens"][t:end] = tokens
-        out["word_starts"][t:end] = word_starts
-        # A chunk may be the back of a cut word; it still opens a word.
-        out["word_starts"][t] = True
+        for name in _STARTS:
+          out[name][t:end] = starts[name]
+          # A chunk may be the back of a cut word (or phrase); it still
+          # opens a word (and a unit).
+          out[name][t] = True
         out["special"][t:end] = False
         t = end
       out["tokens"][t] = batch_lib.SEP_ID
-      out["word_starts"][t] = True
+      for name in _STARTS:
+        out[name][t] = True
       out["doc_ids"][start:t + 1] = k + 1
       out["positions"][start:t + 1] = np.arange(1, t + 2 - start)
       t += 1
@@ -147,15 +163,16 @@ def doc_sentence_rows(doc: Mapping[str, np.ndarray], config: Any,
   """
   del rng
   tokens = np.asarray(doc["tokens"], np.int32)
-  word_starts = np.asarray(doc["word_starts"], bool)
+  starts = knowledge.unit_starts(doc)
   bounds = sentence_chunks(doc, config.seq_len - 2)
   rows, builder = [], RowBuilder(config.seq_len)
   for start, end in zip(bounds[:-1], bounds[1:]):
-    chunk = (tokens[start:end], word_starts[start:end])
-    if not builder.add(*chunk, new_part=False):
+    chunk = (tokens[start:end], starts["word_starts"][start:end], False,
+             {k: starts[k][start:end] for k in batch_lib.KNOWLEDGE_FIELDS})
+    if not builder.add(*chunk):
       rows.append(builder.row())
       builder = RowBuilder(config.seq_len)
-      builder.add(*chunk, new_part=False)
+      builder.add(*chunk)
   if not builder.empty:
     rows.append(builder.row())
   return rows
@@ -165,13 +182,21 @@ class DocumentChunks(NamedTuple):
   """A document of the stream, cut into chunks for cross-document layouts.
 
   tokens int32 [n], word_starts bool [n], bounds int64 [c + 1] (from
-  ``sentence_chunks``), and the identity doc_index / epoch of the document.
+  ``sentence_chunks``), the identity doc_index / epoch of the document, and
+  units: phrase_starts / entity_starts bool [n] (None: word_starts).
   """
   doc_index: int
   epoch: int
   tokens: np.ndarray
   word_starts: np.ndarray
   bounds: np.ndarray
+  units: Mapping[str, np.ndarray] | None = None
+
+  def chunk_units(self, start: int, end: int) -> dict[str, np.ndarray] | None:
+    """The knowledge boundaries of tokens [start, end), None without them."""
+    if self.units is None:
+      return None
+    return {name: value[start:end] for name, value in self.units.items()}
 
   @property
   def num_chunks(self) -> int:
@@ -181,9 +206,10 @@ class DocumentChunks(NamedTuple):
 def document_chunks(doc: Mapping[str, np.ndarray], doc_index: int, epoch: int,
                     seq_len: int) -> DocumentChunks:
   """Cuts one document into chunks of at most ``seq_len - 2`` tokens."""
+  starts = knowledge.unit_starts(doc)
   return DocumentChunks(doc_index, epoch, np.asarray(doc["tokens"], np.int32),
-                        np.asarray(doc["word_starts"], bool),
-                        sentence_chunks(doc, seq_len - 2))
+                        starts["word_starts"], sentence_chunks(doc, seq_len - 2),
+                        {k: starts[k] for k in batch_lib.KNOWLEDGE_FIELDS})
 
 
 def fill_row(
@@ -220,7 +246,8 @@ def fill_row(
       continue
     start, end = current.bounds[chunk], current.bounds[chunk + 1]
     if not builder.add(current.tokens[start:end],
-                       current.word_starts[start:end], new_part):
+                       current.word_starts[start:end], new_part,
+                       current.chunk_units(start, end)):
       break
     if first is None:
       first = (current.doc_index, chunk, current.epoch)

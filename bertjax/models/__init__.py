@@ -17,10 +17,12 @@ import numpy as np
 
 from bertjax.models import albert
 from bertjax.models import bert
+from bertjax.models import spanbert
 
 _BUILDERS: dict[str, Callable[[ml_collections.ConfigDict, Any], nn.Module]] = {
     "albert": albert.from_config,
     "bert": bert.from_config,
+    "spanbert": spanbert.from_config,
 }
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}

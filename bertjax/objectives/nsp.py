@@ -24,7 +24,7 @@ Metrics = dict[str, tuple[jax.Array, jax.Array]]
 # Fields whose rows are rebuilt; the others (a_lengths, example_id, epoch,
 # example_mask) keep their values.
 _ROW_FIELDS = ("tokens", "segment_ids", "positions", "doc_ids", "word_starts",
-               "special")
+               "special") + batch_lib.KNOWLEDGE_FIELDS
 
 
 def pair_with_b_from(batch: Mapping[str, jax.Array], partner_index: jax.Array,
@@ -38,8 +38,9 @@ def pair_with_b_from(batch: Mapping[str, jax.Array], partner_index: jax.Array,
   follows the packer's layout (bertjax/data/packing.py): segment ids 0 up to
   the first [SEP], 1 for B and the last [SEP], 0 on padding; positions
   0..L-1; doc ids 1, 0 on padding; special at CLS, SEP and padding; word
-  starts True at CLS and SEP, False on padding. Rows with ``use_partner``
-  False are returned unchanged.
+  starts True at CLS and SEP, False on padding; the knowledge boundaries
+  (phrase_starts, entity_starts) move exactly like word starts. Rows with
+  ``use_partner`` False are returned unchanged.
 
   Args:
     batch: a Batch of the sentence-pair layout; arrays [B, L] and [B].
@@ -75,13 +76,14 @@ def pair_with_b_from(batch: Mapping[str, jax.Array], partner_index: jax.Array,
   rebuilt = {
       "tokens": jnp.where(in_b, from_partner("tokens"),
                           jnp.where(in_a, tokens, filler)),
-      "word_starts": jnp.where(in_b, from_partner("word_starts"),
-                               jnp.where(in_a, batch["word_starts"], is_word)),
       "special": ~(in_a | in_b),
       "segment_ids": (in_b | (t == b_end)).astype(jnp.int32),
       "positions": jnp.broadcast_to(t, tokens.shape),
       "doc_ids": jnp.where(is_pad, 0, 1),
   }
+  for name in ("word_starts",) + batch_lib.KNOWLEDGE_FIELDS:
+    rebuilt[name] = jnp.where(in_b, from_partner(name),
+                              jnp.where(in_a, batch[name], is_word))
   out = dict(batch)
   for name in _ROW_FIELDS:
     out[name] = jnp.where(use_partner[:, None], rebuilt[name],

@@ -20,7 +20,8 @@ from bertjax import batch as batch_lib
 
 # Fields whose rows are rebuilt; positions and doc_ids keep their values (the
 # swapped row has the same length), and so do example_id, epoch, example_mask.
-_ROW_FIELDS = ("tokens", "segment_ids", "word_starts", "special")
+_ROW_FIELDS = ("tokens", "segment_ids", "word_starts",
+               "special") + batch_lib.KNOWLEDGE_FIELDS
 
 
 def swap_segments(batch: Mapping[str, jax.Array],
@@ -28,7 +29,8 @@ def swap_segments(batch: Mapping[str, jax.Array],
   """Exchanges the A and B segments of the chosen rows.
 
   A row i with ``swap[i]`` becomes ``[CLS] B_i [SEP] A_i [SEP] PAD...``:
-  tokens and word starts of both segments move as blocks; segment ids are 0
+  tokens and word starts (and the knowledge boundaries phrase_starts,
+  entity_starts) of both segments move as blocks; segment ids are 0
   up to the first [SEP] and 1 for the second segment and the last [SEP];
   special is True at CLS, both SEPs and padding; a_lengths and b_lengths are
   exchanged. Other rows are returned unchanged.
@@ -61,11 +63,11 @@ def swap_segments(batch: Mapping[str, jax.Array],
                      jnp.where(is_sep, batch_lib.SEP_ID, batch_lib.PAD_ID))
   rebuilt = {
       "tokens": jnp.where(in_text, moved("tokens"), filler),
-      "word_starts": jnp.where(in_text, moved("word_starts"),
-                               (t == 0) | is_sep),
       "special": ~in_text,
       "segment_ids": ((t >= second) & (t <= end)).astype(jnp.int32),
   }
+  for name in ("word_starts",) + batch_lib.KNOWLEDGE_FIELDS:
+    rebuilt[name] = jnp.where(in_text, moved(name), (t == 0) | is_sep)
   out = dict(batch)
   for name in _ROW_FIELDS:
     out[name] = jnp.where(swap[:, None], rebuilt[name],
