@@ -8,6 +8,7 @@ module covers the fields the loop itself relies on.
 from __future__ import annotations
 
 from bertjax import optim
+from bertjax.models import layers
 from bertjax.models import sizes
 
 _DTYPES = ("float32", "bfloat16")
@@ -29,6 +30,7 @@ def validate(config) -> None:
     _fail("masking", config.masking, f"it must be one of {', '.join(_MASKING)}")
   if config.dupe_factor < 1:
     _fail("dupe_factor", config.dupe_factor, "it must be at least 1")
+  layers.numerics(config)  # layer_norm_eps and hidden_act
   if config.get("optimizer", "adamw") not in optim.OPTIMIZERS:
     _fail("optimizer", config.optimizer,
           f"it must be one of {', '.join(optim.OPTIMIZERS)}")

@@ -72,6 +72,9 @@ def test_cli_config_mistakes_get_one_line(tmp_path, args, start, needle):
     ("masking", "sometimes", "--config.masking"),
     ("batch_size", 12, "--config.batch_size"),  # 12 does not split over 8 devices
     ("model_size", "huge", "--config.model_size"),
+    ("optimizer", "sgd", "--config.optimizer"),
+    ("hidden_act", "swish", "--config.hidden_act"),
+    ("layer_norm_eps", 0.0, "--config.layer_norm_eps"),
 ])
 def test_out_of_range_values(tmp_path, demo_config, demo_data, no_device_work,
                              field, value, needle):

@@ -30,8 +30,12 @@ TEXTS = ["Héllo, WORLD!! The cat's mats... naïve café", "你好 世界 ok",
          "e-mail: someone@example.com (2024) — ‘quotes’", "  spaced\tout \n text  ",
          "It costs 1,000 dollars, ``said'' the dog.", "pay 9,9, or 2,500, now"]
 SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-             intermediate_size=37, max_position_embeddings=40, layer_norm_eps=1e-12,
-             hidden_act="gelu", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+             intermediate_size=37, max_position_embeddings=40,
+             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+# The numerics of the released checkpoints, which differ from BERT's exact
+# GELU and epsilon 1e-12: roberta-base/large and ALBERT v2.
+NUMERICS = {"roberta": dict(layer_norm_eps=1e-5, hidden_act="gelu"),
+            "albert": dict(layer_norm_eps=1e-12, hidden_act="gelu_new")}
 
 
 def _roberta_tokenizer(path):
@@ -85,12 +89,13 @@ def hf_model(request, tmp_path_factory):
   torch.manual_seed(0)
   if kind == "roberta":
     vocab = _roberta_tokenizer(path)
-    config = transformers.RobertaConfig(vocab_size=vocab, type_vocab_size=1, **SIZES)
+    config = transformers.RobertaConfig(vocab_size=vocab, type_vocab_size=1,
+                                        **SIZES, **NUMERICS[kind])
     model = transformers.RobertaForMaskedLM(config)
   else:
     vocab = _albert_tokenizer(path)
     config = transformers.AlbertConfig(vocab_size=vocab, embedding_size=16,
-                                       type_vocab_size=2, **SIZES)
+                                       type_vocab_size=2, **SIZES, **NUMERICS[kind])
     model = transformers.AlbertForPreTraining(config)
   model = _perturb(model).eval()
   model.save_pretrained(path)
@@ -231,7 +236,10 @@ def test_import_and_export_are_bit_identical(hf_model, imported, tmp_path):
     assert info["missing_keys"] == []
   assert info["unexpected_keys"] == []
   with open(os.path.join(out, "config.json")) as f:
-    assert json.load(f)["max_position_embeddings"] == 40
+    exported_config = json.load(f)
+  assert exported_config["max_position_embeddings"] == 40
+  for field, value in NUMERICS[kind].items():  # recorded on import, written back
+    assert saved[field] == value and exported_config[field] == value, field
   assert transformers.AutoTokenizer.from_pretrained(out)("the cat")["input_ids"] == (
       transformers.AutoTokenizer.from_pretrained(path)("the cat")["input_ids"])
 
@@ -292,7 +300,7 @@ def test_unsupported_configs_are_refused(hf_model, tmp_path):
   kind, path, _ = hf_model
   with open(os.path.join(path, "config.json")) as f:
     config = json.load(f)
-  changes = [({"hidden_act": "gelu_new"}, "hidden_act")]
+  changes = [({"hidden_act": "silu"}, "hidden_act")]
   if kind == "albert":
     changes += [({"num_hidden_groups": 2}, "num_hidden_groups=2"),
                 ({"inner_group_num": 2}, "inner_group_num=2")]

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from bertjax import batch as batch_lib
+from bertjax.convert import bert as bert_mapping
 from bertjax.convert import rules as R
 from bertjax.models import albert as albert_model
 from bertjax.models import layers
@@ -59,16 +60,7 @@ def model_fields(hf_config: Mapping[str, Any]) -> dict[str, Any]:
     raise ValueError(
         f"config.json has num_hidden_groups={groups[0]}, inner_group_num={groups[1]}; "
         "bertjax's ALBERT shares one layer across all layers, so only 1 and 1 convert.")
-  act = hf_config.get("hidden_act", "gelu_new")
-  if act != "gelu":
-    raise ValueError(
-        f"config.json has hidden_act={act!r} but bertjax's ALBERT uses exact "
-        "'gelu'; only such checkpoints convert with numerical parity.")
-  eps = float(hf_config.get("layer_norm_eps", layers.LAYER_NORM_EPS))
-  if eps != layers.LAYER_NORM_EPS:
-    raise ValueError(
-        f"config.json has layer_norm_eps={eps} but bertjax's ALBERT uses "
-        f"{layers.LAYER_NORM_EPS}; only such checkpoints convert with parity.")
+  numerics = bert_mapping.hf_numerics(hf_config, default_act="gelu_new")
   kind = hf_config.get("position_embedding_type", "absolute")
   if kind != "absolute":
     raise ValueError(
@@ -78,7 +70,7 @@ def model_fields(hf_config: Mapping[str, Any]) -> dict[str, Any]:
   if missing:
     raise ValueError(f"config.json lacks {missing}; is it an ALBERT config?")
   fields = {ours: hf_config[theirs] for theirs, ours in _FIELDS.items()}
-  fields.update(model=BERTJAX_MODEL, layer_sharing="all")
+  fields.update(model=BERTJAX_MODEL, layer_sharing="all", **numerics)
   return fields
 
 
@@ -89,10 +81,12 @@ def hf_config(config: Mapping[str, Any], pad_token_id: int) -> dict[str, Any]:
   cls_id, sep_id = (special[2], special[3]) if special else (
       batch_lib.CLS_ID, batch_lib.SEP_ID)
   out = {theirs: config[ours] for theirs, ours in _FIELDS.items()}
+  numerics = layers.numerics(config)
   out.update(
-      model_type=MODEL_TYPE, architectures=[HF_ARCHITECTURE], hidden_act="gelu",
-      num_hidden_groups=1, inner_group_num=1,
-      layer_norm_eps=layers.LAYER_NORM_EPS, initializer_range=layers.KERNEL_STDDEV,
+      model_type=MODEL_TYPE, architectures=[HF_ARCHITECTURE],
+      hidden_act=numerics["activation"], num_hidden_groups=1, inner_group_num=1,
+      layer_norm_eps=numerics["layer_norm_eps"],
+      initializer_range=layers.KERNEL_STDDEV,
       position_embedding_type="absolute", classifier_dropout_prob=config["dropout_rate"],
       pad_token_id=int(pad_token_id), bos_token_id=int(cls_id), eos_token_id=int(sep_id))
   return out
@@ -143,4 +137,5 @@ def build_model(config: Mapping[str, Any], dtype: Any) -> albert_model.AlbertFor
       num_heads=config["num_heads"], mlp_dim=config["mlp_dim"],
       layer_sharing=config.get("layer_sharing", "all"),
       dropout_rate=config["dropout_rate"],
-      attention_dropout_rate=config["attention_dropout_rate"], dtype=dtype)
+      attention_dropout_rate=config["attention_dropout_rate"], dtype=dtype,
+      **layers.numerics(config))

@@ -47,18 +47,11 @@ def model_fields(hf_config: Mapping[str, Any]) -> dict[str, Any]:
 
   Raises:
     ValueError: where the HF model computes something bertjax's BERT does not
-      (another activation, LayerNorm epsilon or position embedding).
+      (an activation outside ``layers.ACTIVATIONS``, relative positions).
+      LayerNorm epsilon and activation become the config fields
+      ``layer_norm_eps`` and ``hidden_act``.
   """
-  act = hf_config.get("hidden_act", "gelu")
-  if act != "gelu":
-    raise ValueError(
-        f"config.json has hidden_act={act!r} but bertjax's BERT uses exact "
-        "'gelu'; only such checkpoints convert with numerical parity.")
-  eps = float(hf_config.get("layer_norm_eps", layers.LAYER_NORM_EPS))
-  if eps != layers.LAYER_NORM_EPS:
-    raise ValueError(
-        f"config.json has layer_norm_eps={eps} but bertjax's BERT uses "
-        f"{layers.LAYER_NORM_EPS}; only such checkpoints convert with parity.")
+  numerics = hf_numerics(hf_config, default_act="gelu")
   kind = hf_config.get("position_embedding_type", "absolute")
   if kind != "absolute":
     raise ValueError(
@@ -69,7 +62,25 @@ def model_fields(hf_config: Mapping[str, Any]) -> dict[str, Any]:
     raise ValueError(f"config.json lacks {missing}; is it a BERT config?")
   fields = {ours: hf_config[theirs] for theirs, ours in _FIELDS.items()}
   fields["model"] = BERTJAX_MODEL
+  fields.update(numerics)
   return fields
+
+
+def hf_numerics(hf_config: Mapping[str, Any], *, default_act: str) -> dict[str, Any]:
+  """``layer_norm_eps`` and ``hidden_act`` of an HF config.json, as bertjax fields.
+
+  Raises:
+    ValueError: for an activation bertjax does not compute
+      (``layers.ACTIVATIONS``).
+  """
+  act = str(hf_config.get("hidden_act", default_act))
+  if act not in layers.ACTIVATIONS:
+    raise ValueError(
+        f"config.json has hidden_act={act!r}, which bertjax does not compute; "
+        f"only {', '.join(layers.ACTIVATIONS)} convert with numerical parity.")
+  return {"layer_norm_eps": float(hf_config.get("layer_norm_eps",
+                                                layers.LAYER_NORM_EPS)),
+          "hidden_act": act}
 
 
 def _sentence_head(config: Mapping[str, Any]) -> bool:
@@ -79,10 +90,13 @@ def _sentence_head(config: Mapping[str, Any]) -> bool:
 def hf_config(config: Mapping[str, Any], pad_token_id: int) -> dict[str, Any]:
   """The HF config.json of a bertjax BERT config (with explicit dimensions)."""
   out = {theirs: config[ours] for theirs, ours in _FIELDS.items()}
+  numerics = layers.numerics(config)
   architecture = HF_ARCHITECTURE if _sentence_head(config) else HF_ARCHITECTURE_MLM_ONLY
   out.update(
-      model_type=MODEL_TYPE, architectures=[architecture], hidden_act="gelu",
-      layer_norm_eps=layers.LAYER_NORM_EPS, initializer_range=layers.KERNEL_STDDEV,
+      model_type=MODEL_TYPE, architectures=[architecture],
+      hidden_act=numerics["activation"],
+      layer_norm_eps=numerics["layer_norm_eps"],
+      initializer_range=layers.KERNEL_STDDEV,
       position_embedding_type="absolute", pad_token_id=int(pad_token_id))
   return out
 
@@ -129,4 +143,4 @@ def build_model(config: Mapping[str, Any], dtype: Any) -> bert_model.BertForPret
       hidden_size=config["hidden_size"], num_heads=config["num_heads"],
       mlp_dim=config["mlp_dim"], dropout_rate=config["dropout_rate"],
       attention_dropout_rate=config["attention_dropout_rate"], dtype=dtype,
-      sentence_head=_sentence_head(config))
+      sentence_head=_sentence_head(config), **layers.numerics(config))

@@ -24,7 +24,8 @@ MODEL_FIELDS = ("model", "vocab_size", "max_position_embeddings", "type_vocab_si
 # what an import records for the way back (the HF model_type, RoBERTa's
 # position offset, the vocabulary reordering).
 OPTIONAL_FIELDS = ("sentence_head", "embedding_size", "layer_sharing", "hf_model_type",
-                   "hf_position_offset", "hf_special_ids")
+                   "hf_position_offset", "hf_special_ids", "layer_norm_eps",
+                   "hidden_act")
 # Old TF-converted checkpoints name LayerNorm parameters gamma/beta.
 _LEGACY_SUFFIXES = {".gamma": ".weight", ".beta": ".bias"}
 

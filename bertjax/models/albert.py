@@ -48,10 +48,11 @@ Dtype = Any
 SHARING_MODES = ("all", "attention", "ffn", "none")
 
 
-def _small_norm(dtype: Dtype, name: str | None = None) -> nn.LayerNorm:
+def _small_norm(dtype: Dtype, name: str | None = None,
+                eps: float = layers.LAYER_NORM_EPS) -> nn.LayerNorm:
   """LayerNorm over the E-sized embedding space (left unsharded: E is small)."""
   return nn.LayerNorm(
-      epsilon=layers.LAYER_NORM_EPS, dtype=dtype, param_dtype=jnp.float32,
+      epsilon=eps, dtype=dtype, param_dtype=jnp.float32,
       scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(),
                                               (None,)),
       bias_init=layers.zeros_init(None), name=name)
@@ -85,7 +86,7 @@ class FactorizedEmbeddings(bert.BertEmbeddings):
     return self.embedding_size, None
 
   def _norm(self) -> nn.Module:
-    return _small_norm(self.dtype, "layer_norm")
+    return _small_norm(self.dtype, "layer_norm", self.layer_norm_eps)
 
   def __call__(self, tokens: jax.Array, segment_ids: jax.Array,
                positions: jax.Array, deterministic: bool) -> jax.Array:
@@ -104,6 +105,7 @@ class SharedEncoder(nn.Module):
     dropout_rate: dropout on sublayer outputs.
     attention_dropout_rate: dropout on attention probabilities.
     dtype: compute dtype.
+    layer_norm_eps, activation: see ``layers.EncoderBlock``.
   """
   num_layers: int
   num_heads: int
@@ -112,6 +114,8 @@ class SharedEncoder(nn.Module):
   dropout_rate: float = 0.0
   attention_dropout_rate: float = 0.0
   dtype: Dtype = jnp.float32
+  layer_norm_eps: float = layers.LAYER_NORM_EPS
+  activation: str = "gelu"
 
   def setup(self):
     # layer_sharing is checked by ``from_config``.
@@ -124,11 +128,12 @@ class SharedEncoder(nn.Module):
         layers.MultiHeadAttention(
             num_heads=self.num_heads, dropout_rate=self.attention_dropout_rate,
             dtype=self.dtype) for _ in range(num_attention)]
-    self.attention_norm = [layers.layer_norm(self.dtype, None)
+    self.attention_norm = [layers.layer_norm(self.dtype, None, self.layer_norm_eps)
                            for _ in range(num_attention)]
-    self.mlp = [layers.Mlp(mlp_dim=self.mlp_dim, dtype=self.dtype)
-                for _ in range(num_mlp)]
-    self.mlp_norm = [layers.layer_norm(self.dtype, None) for _ in range(num_mlp)]
+    self.mlp = [layers.Mlp(mlp_dim=self.mlp_dim, dtype=self.dtype,
+                           activation=self.activation) for _ in range(num_mlp)]
+    self.mlp_norm = [layers.layer_norm(self.dtype, None, self.layer_norm_eps)
+                     for _ in range(num_mlp)]
     self.dropout = nn.Dropout(rate=self.dropout_rate)
 
   def __call__(self, x: jax.Array, mask: jax.Array,
@@ -156,10 +161,13 @@ class AlbertMlmHead(nn.Module):
     vocab_size: size of the output bias.
     embedding_size: E.
     dtype: compute dtype.
+    layer_norm_eps, activation: as in the encoder.
   """
   vocab_size: int
   embedding_size: int
   dtype: Dtype = jnp.float32
+  layer_norm_eps: float = layers.LAYER_NORM_EPS
+  activation: str = "gelu"
 
   @nn.compact
   def __call__(self, x: jax.Array, decode) -> jax.Array:
@@ -167,7 +175,8 @@ class AlbertMlmHead(nn.Module):
     x = nn.Dense(self.embedding_size, dtype=self.dtype, param_dtype=jnp.float32,
                  kernel_init=layers.kernel_init("embed", None),
                  bias_init=layers.zeros_init(None), name="dense")(x)
-    x = _small_norm(self.dtype, "layer_norm")(nn.gelu(x, approximate=False))
+    x = _small_norm(self.dtype, "layer_norm", self.layer_norm_eps)(
+        layers.activation(self.activation)(x))
     bias = self.param("output_bias", layers.zeros_init("vocab"),
                       (self.vocab_size,), jnp.float32)
     return decode(x) + bias
@@ -183,6 +192,8 @@ class AlbertForPretraining(nn.Module):
     layer_sharing: one of SHARING_MODES.
     dropout_rate, attention_dropout_rate: as in BERT (ALBERT uses 0).
     dtype: compute dtype (parameters are always float32).
+    layer_norm_eps, activation: ``config.layer_norm_eps`` and
+      ``config.hidden_act`` (ALBERT v2 checkpoints use 'gelu_new').
   """
   vocab_size: int
   max_position_embeddings: int
@@ -196,6 +207,8 @@ class AlbertForPretraining(nn.Module):
   dropout_rate: float = 0.0
   attention_dropout_rate: float = 0.0
   dtype: Dtype = jnp.float32
+  layer_norm_eps: float = layers.LAYER_NORM_EPS
+  activation: str = "gelu"
 
   def setup(self):
     self.embeddings = FactorizedEmbeddings(
@@ -203,19 +216,22 @@ class AlbertForPretraining(nn.Module):
         hidden_size=self.hidden_size,
         max_position_embeddings=self.max_position_embeddings,
         type_vocab_size=self.type_vocab_size, dropout_rate=self.dropout_rate,
-        dtype=self.dtype)
+        dtype=self.dtype, layer_norm_eps=self.layer_norm_eps)
     self.encoder = SharedEncoder(
         num_layers=self.num_layers, num_heads=self.num_heads,
         mlp_dim=self.mlp_dim, layer_sharing=self.layer_sharing,
         dropout_rate=self.dropout_rate,
-        attention_dropout_rate=self.attention_dropout_rate, dtype=self.dtype)
+        attention_dropout_rate=self.attention_dropout_rate, dtype=self.dtype,
+        layer_norm_eps=self.layer_norm_eps, activation=self.activation)
     self.pooler = nn.Dense(
         self.hidden_size, dtype=self.dtype, param_dtype=jnp.float32,
         kernel_init=layers.kernel_init("embed", None),
         bias_init=layers.zeros_init(None))
     self.mlm_head = AlbertMlmHead(vocab_size=self.vocab_size,
                                   embedding_size=self.embedding_size,
-                                  dtype=self.dtype)
+                                  dtype=self.dtype,
+                                  layer_norm_eps=self.layer_norm_eps,
+                                  activation=self.activation)
     self.sop = nn.Dense(
         2, dtype=jnp.float32, param_dtype=jnp.float32,
         kernel_init=layers.kernel_init("embed", None),
@@ -275,4 +291,5 @@ def from_config(config: ml_collections.ConfigDict,
       layer_sharing=config.layer_sharing,
       dropout_rate=config.dropout_rate,
       attention_dropout_rate=config.attention_dropout_rate,
-      dtype=dtype)
+      dtype=dtype,
+      **layers.numerics(config))

@@ -41,6 +41,7 @@ class BertEmbeddings(nn.Module):
     type_vocab_size: rows of the segment table ('type').
     dropout_rate: dropout on the summed, normalised embeddings.
     dtype: compute dtype.
+    layer_norm_eps: epsilon of the LayerNorm.
   """
   vocab_size: int
   hidden_size: int
@@ -48,6 +49,7 @@ class BertEmbeddings(nn.Module):
   type_vocab_size: int
   dropout_rate: float = 0.0
   dtype: Dtype = jnp.float32
+  layer_norm_eps: float = layers.LAYER_NORM_EPS
 
   def setup(self):
     width, width_axis = self._table_width()
@@ -72,7 +74,7 @@ class BertEmbeddings(nn.Module):
 
   def _norm(self) -> nn.Module:
     """The LayerNorm over the summed embeddings (ALBERT overrides)."""
-    return layers.layer_norm(self.dtype, "layer_norm")
+    return layers.layer_norm(self.dtype, "layer_norm", self.layer_norm_eps)
 
   def __call__(self, tokens: jax.Array, segment_ids: jax.Array,
                positions: jax.Array, deterministic: bool) -> jax.Array:
@@ -95,9 +97,13 @@ class MlmHead(nn.Module):
   Attributes:
     vocab_size: size of the output bias (logical axis 'vocab').
     dtype: compute dtype.
+    layer_norm_eps: epsilon of the LayerNorm.
+    activation: a key of ``layers.ACTIVATIONS``.
   """
   vocab_size: int
   dtype: Dtype = jnp.float32
+  layer_norm_eps: float = layers.LAYER_NORM_EPS
+  activation: str = "gelu"
 
   @nn.compact
   def __call__(self, x: jax.Array,
@@ -117,8 +123,8 @@ class MlmHead(nn.Module):
     x = nn.Dense(x.shape[-1], dtype=self.dtype, param_dtype=jnp.float32,
                  kernel_init=layers.kernel_init("embed", None),
                  bias_init=layers.zeros_init(None), name="dense")(x)
-    x = nn.gelu(x, approximate=False)
-    x = layers.layer_norm(self.dtype, "layer_norm")(x)
+    x = layers.activation(self.activation)(x)
+    x = layers.layer_norm(self.dtype, "layer_norm", self.layer_norm_eps)(x)
     bias = self.param("output_bias", layers.zeros_init("vocab"),
                       (self.vocab_size,), jnp.float32)
     return decode(x) + bias
@@ -135,6 +141,9 @@ class BertForPretraining(nn.Module):
     dtype: compute dtype (parameters are always float32).
     sentence_head: build the pooler and the two-way sentence (NSP) head.
     scan_layers, remat: see ``layers.Encoder``.
+    layer_norm_eps: epsilon of every LayerNorm (BERT 1e-12, RoBERTa 1e-5).
+    activation: feed-forward and MLM-head activation, a key of
+      ``layers.ACTIVATIONS`` (``config.hidden_act``; BERT: exact 'gelu').
   """
   vocab_size: int
   max_position_embeddings: int
@@ -149,19 +158,24 @@ class BertForPretraining(nn.Module):
   sentence_head: bool = True
   scan_layers: bool = False
   remat: str = "none"
+  layer_norm_eps: float = layers.LAYER_NORM_EPS
+  activation: str = "gelu"
 
   def setup(self):
     self.embeddings = BertEmbeddings(
         vocab_size=self.vocab_size, hidden_size=self.hidden_size,
         max_position_embeddings=self.max_position_embeddings,
         type_vocab_size=self.type_vocab_size, dropout_rate=self.dropout_rate,
-        dtype=self.dtype)
+        dtype=self.dtype, layer_norm_eps=self.layer_norm_eps)
     self.encoder = layers.Encoder(
         num_layers=self.num_layers, num_heads=self.num_heads,
         mlp_dim=self.mlp_dim, dropout_rate=self.dropout_rate,
         attention_dropout_rate=self.attention_dropout_rate, dtype=self.dtype,
+        layer_norm_eps=self.layer_norm_eps, activation=self.activation,
         scan_layers=self.scan_layers, remat=self.remat)
-    self.mlm_head = MlmHead(vocab_size=self.vocab_size, dtype=self.dtype)
+    self.mlm_head = MlmHead(vocab_size=self.vocab_size, dtype=self.dtype,
+                            layer_norm_eps=self.layer_norm_eps,
+                            activation=self.activation)
     if not self.sentence_head:
       return
     self.pooler = nn.Dense(
@@ -221,8 +235,8 @@ def from_config(config: ml_collections.ConfigDict,
   Args:
     config: uses model_size, vocab_size, max_position_embeddings,
       type_vocab_size, dropout_rate, attention_dropout_rate and, when present,
-      seq_len (checked against max_position_embeddings) and sentence_head
-      (default True).
+      seq_len (checked against max_position_embeddings), sentence_head
+      (default True), layer_norm_eps and hidden_act (``layers.numerics``).
     dtype: the compute dtype, already parsed from config.dtype.
   """
   size = sizes.resolve(config)
@@ -245,4 +259,5 @@ def from_config(config: ml_collections.ConfigDict,
       dtype=dtype,
       sentence_head=bool(config.get("sentence_head", True)),
       scan_layers=bool(config.get("scan_layers", False)),
-      remat=str(config.get("remat", "none")))
+      remat=str(config.get("remat", "none")),
+      **layers.numerics(config))

@@ -48,10 +48,54 @@ def zeros_init(*names: str | None) -> Callable[..., Any]:
   return nn.with_logical_partitioning(nn.initializers.zeros_init(), names)
 
 
-def layer_norm(dtype: Dtype, name: str) -> nn.LayerNorm:
-  """BERT's LayerNorm (eps 1e-12) with ('embed',) scale and bias."""
+# The feed-forward activations a config may name (``config.hidden_act``, HF's
+# names): BERT's exact erf GELU, the tanh approximation of ALBERT v2 / GPT-2
+# ('gelu_new', alias 'gelu_pytorch_tanh'), and ReLU.
+ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "gelu": lambda x: nn.gelu(x, approximate=False),
+    "gelu_new": lambda x: nn.gelu(x, approximate=True),
+    "gelu_pytorch_tanh": lambda x: nn.gelu(x, approximate=True),
+    "relu": nn.relu,
+}
+
+
+def activation(name: str) -> Callable[[jax.Array], jax.Array]:
+  """The function ``name`` (a key of ACTIVATIONS) stands for.
+
+  Raises:
+    ValueError: for an unknown name.
+  """
+  if name not in ACTIVATIONS:
+    raise ValueError(
+        f"Unknown activation {name!r}; set --config.hidden_act to one of "
+        f"{', '.join(ACTIVATIONS)}.")
+  return ACTIVATIONS[name]
+
+
+def numerics(config: Any) -> dict[str, Any]:
+  """``layer_norm_eps`` and ``activation`` module fields from a config.
+
+  ``config.layer_norm_eps`` (default BERT's 1e-12) and ``config.hidden_act``
+  (default 'gelu'); imported checkpoints set them from their config.json
+  (RoBERTa: 1e-5; ALBERT v2: 'gelu_new').
+
+  Raises:
+    ValueError: for an unknown activation or a non-positive epsilon.
+  """
+  eps = float(config.get("layer_norm_eps", LAYER_NORM_EPS))
+  if not eps > 0:
+    raise ValueError(f"layer_norm_eps={eps} must be positive; fix "
+                     f"--config.layer_norm_eps.")
+  name = str(config.get("hidden_act", "gelu"))
+  activation(name)
+  return {"layer_norm_eps": eps, "activation": name}
+
+
+def layer_norm(dtype: Dtype, name: str | None,
+               eps: float = LAYER_NORM_EPS) -> nn.LayerNorm:
+  """BERT's LayerNorm (eps 1e-12 unless given) with ('embed',) scale and bias."""
   return nn.LayerNorm(
-      epsilon=LAYER_NORM_EPS, dtype=dtype, param_dtype=jnp.float32,
+      epsilon=eps, dtype=dtype, param_dtype=jnp.float32,
       scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(),
                                               ("embed",)),
       bias_init=zeros_init("embed"), name=name)
@@ -138,9 +182,11 @@ class Mlp(nn.Module):
   Attributes:
     mlp_dim: inner dimension.
     dtype: compute dtype.
+    activation: a key of ACTIVATIONS (BERT: exact 'gelu').
   """
   mlp_dim: int
   dtype: Dtype = jnp.float32
+  activation: str = "gelu"
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -149,8 +195,7 @@ class Mlp(nn.Module):
     y = nn.Dense(self.mlp_dim, dtype=self.dtype, param_dtype=jnp.float32,
                  kernel_init=kernel_init("embed", "mlp"),
                  bias_init=zeros_init("mlp"), name="wi")(x)
-    # Exact (erf) GELU, as the original BERT and HF checkpoints use.
-    y = nn.gelu(y, approximate=False)
+    y = activation(self.activation)(y)
     return nn.Dense(hidden, dtype=self.dtype, param_dtype=jnp.float32,
                     kernel_init=kernel_init("mlp", "embed"),
                     bias_init=zeros_init("embed"), name="wo")(y)
@@ -170,6 +215,8 @@ class EncoderBlock(nn.Module):
     attention_cls: the attention module; called as
       ``attention_cls(num_heads=, dropout_rate=, dtype=, name='attention')``
       and then ``(x, mask, deterministic)``.
+    layer_norm_eps: epsilon of both LayerNorms.
+    activation: the feed-forward activation (a key of ACTIVATIONS).
   """
   num_heads: int
   mlp_dim: int
@@ -177,6 +224,8 @@ class EncoderBlock(nn.Module):
   attention_dropout_rate: float = 0.0
   dtype: Dtype = jnp.float32
   attention_cls: type[nn.Module] = MultiHeadAttention
+  layer_norm_eps: float = LAYER_NORM_EPS
+  activation: str = "gelu"
 
   @nn.compact
   def __call__(self, x: jax.Array, mask: jax.Array,
@@ -186,10 +235,11 @@ class EncoderBlock(nn.Module):
         num_heads=self.num_heads, dropout_rate=self.attention_dropout_rate,
         dtype=self.dtype, name="attention")(x, mask, deterministic)
     y = nn.Dropout(rate=self.dropout_rate)(y, deterministic)
-    x = layer_norm(self.dtype, "attention_norm")(x + y)
-    y = Mlp(mlp_dim=self.mlp_dim, dtype=self.dtype, name="mlp")(x)
+    x = layer_norm(self.dtype, "attention_norm", self.layer_norm_eps)(x + y)
+    y = Mlp(mlp_dim=self.mlp_dim, dtype=self.dtype, activation=self.activation,
+            name="mlp")(x)
     y = nn.Dropout(rate=self.dropout_rate)(y, deterministic)
-    return layer_norm(self.dtype, "mlp_norm")(x + y)
+    return layer_norm(self.dtype, "mlp_norm", self.layer_norm_eps)(x + y)
 
 
 # Which intermediate values a rematerialised layer keeps for the backward pass.
@@ -228,7 +278,7 @@ class Encoder(nn.Module):
   Attributes:
     num_layers: number of blocks.
     num_heads, mlp_dim, dropout_rate, attention_dropout_rate, dtype,
-    attention_cls: passed to every block.
+    attention_cls, layer_norm_eps, activation: passed to every block.
     scan_layers: stack the blocks with ``nn.scan``.
     remat: 'none' | 'full' | 'dots' (``REMAT_POLICIES``): recompute each block
       in the backward pass, trading compute for activation memory.
@@ -240,6 +290,8 @@ class Encoder(nn.Module):
   attention_dropout_rate: float = 0.0
   dtype: Dtype = jnp.float32
   attention_cls: type[nn.Module] = MultiHeadAttention
+  layer_norm_eps: float = LAYER_NORM_EPS
+  activation: str = "gelu"
   scan_layers: bool = False
   remat: str = "none"
 
@@ -264,7 +316,8 @@ class Encoder(nn.Module):
         num_heads=self.num_heads, mlp_dim=self.mlp_dim,
         dropout_rate=self.dropout_rate,
         attention_dropout_rate=self.attention_dropout_rate,
-        dtype=self.dtype, attention_cls=self.attention_cls)
+        dtype=self.dtype, attention_cls=self.attention_cls,
+        layer_norm_eps=self.layer_norm_eps, activation=self.activation)
     x = nn.with_logical_constraint(x, HIDDEN_AXES)
     if self.scan_layers:
       stack = nn.scan(
