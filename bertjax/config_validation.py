@@ -31,6 +31,8 @@ def validate(config) -> None:
   if config.dupe_factor < 1:
     _fail("dupe_factor", config.dupe_factor, "it must be at least 1")
   layers.numerics(config)  # layer_norm_eps and hidden_act
+  if not config.get("initializer_range", 0.02) > 0:
+    _fail("initializer_range", config.initializer_range, "it must be positive")
   if config.get("optimizer", "adamw") not in optim.OPTIMIZERS:
     _fail("optimizer", config.optimizer,
           f"it must be one of {', '.join(optim.OPTIMIZERS)}")

@@ -66,13 +66,37 @@ def state_shardings(model: nn.Module, tx: optax.GradientTransformation, config,
   return abstract, sharding.logical_to_sharding(specs, mesh)
 
 
+def rescale_init(params: Any, config) -> Any:
+  """Weights drawn with std ``layers.KERNEL_STDDEV`` rescaled to ``config.initializer_range``.
+
+  Every module draws its kernels and embedding tables from a truncated normal
+  of std 0.02 (BERT's); multiplying them by ``initializer_range / 0.02`` gives
+  the same law with std ``initializer_range``. LayerNorm scales and biases
+  are left alone. Narrow models want a larger std: at width H each residual
+  branch is scaled by about ``std * sqrt(H)`` per projection, so 0.02 that
+  suits H = 768 leaves a 128-wide model's sentence-level signal so weak that
+  it learns nothing for hundreds of steps (configs/albert.py ``tiny``).
+  """
+  from bertjax.models import layers
+  factor = float(config.get("initializer_range", layers.KERNEL_STDDEV)) / (
+      layers.KERNEL_STDDEV)
+  if factor == 1.0:
+    return params
+
+  def scale(path, leaf):
+    name = str(getattr(path[-1], "key", path[-1]))
+    return leaf * factor if name in ("kernel", "embedding") else leaf
+
+  return jax.tree_util.tree_map_with_path(scale, params)
+
+
 def create_train_state(model: nn.Module, tx: optax.GradientTransformation, config,
                        mesh: Mesh) -> tuple[TrainState, TrainState]:
   """Initialises the state sharded over ``mesh``; returns (state, shardings)."""
   _, shardings = state_shardings(model, tx, config, mesh)
 
   def init(rng):
-    params = nn.meta.unbox(_init_params(model, config, rng))
+    params = rescale_init(nn.meta.unbox(_init_params(model, config, rng)), config)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                       opt_state=tx.init(params))
 

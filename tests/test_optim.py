@@ -72,3 +72,27 @@ def test_lamb_update_norm_follows_the_weight_norm():
 def test_unknown_optimizer_is_a_one_line_error():
   with pytest.raises(ValueError, match="--config.optimizer"):
     optim.make_optimizer(_config("sgd"))
+
+
+def test_initializer_range_sets_the_std_of_kernels_and_tables_only():
+  from bertjax import models
+  from bertjax import sharding
+  from bertjax import state as state_lib
+  from configs import bert
+  config = bert.get_config("tiny")
+  config.vocab_size = 1000
+  config.initializer_range = 0.06
+  model = models.get_model(config)
+  state, _ = state_lib.create_train_state(
+      model, optim.make_optimizer(config), config,
+      sharding.make_mesh(config.mesh_shape))
+  params = state.params
+  table = np.asarray(params["embeddings"]["word_embeddings"]["embedding"])
+  kernel = np.asarray(params["encoder"]["layer_0"]["mlp"]["wi"]["kernel"])
+  # Truncated at 2 std: the std of the draws is 0.88 of the nominal one.
+  for weights in (table, kernel):
+    assert weights.std() == pytest.approx(0.06 * 0.880, rel=0.03)
+  np.testing.assert_array_equal(
+      params["embeddings"]["layer_norm"]["scale"], 1.0)
+  np.testing.assert_array_equal(
+      params["encoder"]["layer_0"]["mlp"]["wi"]["bias"], 0.0)
