@@ -221,8 +221,10 @@ class _Progress:
     # Useful-FLOP utilisation against the chip's peak (bertjax/flops.py).
     scalars["mfu"] = steps_per_sec * self._flops_per_step / self._peak
     left = (self._total - step) / steps_per_sec if steps_per_sec > 0 else float("nan")
-    shown = " ".join(f"{k}={scalars[k]:.4g}" for k in (
-        "loss", "mlm_accuracy", "nsp_accuracy", "sop_accuracy") if k in scalars)
+    # The loss and every task's accuracy (mlm, nsp, sop, sbo, ...), MLM first.
+    names = ["loss"] + sorted((k for k in scalars if k.endswith("_accuracy")),
+                              key=lambda k: (not k.startswith("mlm_"), k))
+    shown = " ".join(f"{k}={scalars[k]:.4g}" for k in names if k in scalars)
     return (f"step {step}/{self._total} {shown} "
             f"tokens/s={scalars['tokens_per_sec']:.0f} mfu={scalars['mfu']:.2f} "
             f"time_left={time.strftime('%H:%M:%S', time.gmtime(left)) if left == left else '?'}")

@@ -50,6 +50,9 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   c.tokenizer = "unigram"  # ALBERT's sentencepiece model type
   c.vocab_size = 8000 if tiny else 30_000
   c.layout = "sentence_pairs"  # SOP needs [CLS] A [SEP] B [SEP]
+  # Chunks of whole sentences: a positive's A and B stay exactly adjacent
+  # (BERT's overshoot-then-truncate cuts the junction of most demo pairs).
+  c.pair_chunking = "whole_sentences"
 
   # --- sequence and masking ------------------------------------------------
   c.max_ngram = 3  # n-gram masking, P(n) ∝ 1/n for n <= 3

@@ -39,6 +39,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   c.vocab_size = 8000 if size == "tiny" else 30522
   c.layout = "sentence_pairs"  # packing layout of bertjax.data.pipeline
   c.short_seq_prob = 0.1  # BERT: 10% of pairs get a shorter random target length
+  c.pair_chunking = "bert"  # or 'whole_sentences' (bertjax/data/packing.py)
   c.shuffle_window = 1024  # window of the host shuffle of packed examples
 
   # --- sequence and masking ------------------------------------------------

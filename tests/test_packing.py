@@ -197,3 +197,35 @@ def test_inconsistent_document_is_rejected():
   with pytest.raises(ValueError, match="sentence_lengths"):
     packing.pair_instances(doc, seq_len=32, short_seq_prob=0.0,
                            rng=np.random.default_rng(0))
+
+
+def test_whole_sentence_chunks_keep_the_pair_junction():
+  # Sentences of up to 40 tokens against a 61-token target: BERT's chunks
+  # overshoot and get cut, often at the A|B junction; whole-sentence chunks
+  # stop before the overflowing sentence, so a multi-sentence pair is never
+  # truncated and B starts right where A ends.
+  rng = np.random.default_rng(7)
+  seq_len = 64
+  junction_cut = {"bert": 0, "whole_sentences": 0}
+  for _ in range(200):
+    doc = make_doc(rng.integers(5, 40, 8), rng)
+    bounds = set(np.concatenate([[0], np.cumsum(doc["sentence_lengths"])]).tolist())
+    for mode in junction_cut:
+      for p in packing.pair_instances(doc, seq_len=seq_len, short_seq_prob=0.0,
+                                      rng=rng, chunking=mode):
+        a0, a1 = positions_of(p.a)
+        b0, b1 = positions_of(p.b)
+        junction_cut[mode] += a1 != b0
+        if mode == "whole_sentences":
+          assert len(p.a.tokens) + len(p.b.tokens) <= seq_len - 3
+          assert a1 == b0 == p.split
+          assert a0 == p.chunk_start in bounds and b1 == p.chunk_end in bounds
+  assert junction_cut["whole_sentences"] == 0
+  assert junction_cut["bert"] > 50  # the test would notice BERT's cut
+
+
+def test_unknown_pair_chunking_is_one_line_error():
+  doc = make_doc([5, 5], np.random.default_rng(0))
+  with pytest.raises(ValueError, match="--config.pair_chunking"):
+    packing.pair_instances(doc, seq_len=32, short_seq_prob=0.0,
+                           rng=np.random.default_rng(0), chunking="greedy")
