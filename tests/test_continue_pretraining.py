@@ -1,7 +1,6 @@
 """An imported Hugging Face checkpoint continues pretraining with its own
 tokenizer, and bertjax.evaluate scores it."""
 
-import os
 
 import jax
 import numpy as np

@@ -1,6 +1,5 @@
 """Scale features: gradient accumulation, scan + remat, FLOP counting, AOT TPU compile."""
 
-import os
 
 import flax.linen as nn
 import jax

@@ -1,7 +1,6 @@
 """SpanBERT: geometric whole-word spans, 80/10/10 per span, the span boundary
 objective's targets and head, golden shapes, and a real train step."""
 
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +18,7 @@ from bertjax import state as state_lib
 from bertjax import train
 from bertjax.data import pipeline
 from bertjax.models import spanbert as spanbert_model
-from bertjax.objectives import masking
+from bertjax.objectives import spans
 from configs import spanbert
 
 # The paper's setting: rows of 512 tokens, 15% of them (at most 76) masked.
@@ -103,14 +102,14 @@ def spans_of(inputs, targets, r):
 
 def test_geometric_length_probs_is_the_clipped_law():
   n, want = law()
-  np.testing.assert_allclose(masking.geometric_length_probs(0.2, 10), want,
+  np.testing.assert_allclose(spans.geometric_length_probs(0.2, 10), want,
                              rtol=1e-12)
   # The paper's mean span length: 3.8 words.
   assert abs(float(np.sum(n * want)) - 3.8) < 0.01
   for p, max_len, field in ((0.0, 10, "span_geometric_p"),
                             (0.2, 0, "max_span_length")):
     with pytest.raises(ValueError, match=field):
-      masking.geometric_length_probs(p, max_len)
+      spans.geometric_length_probs(p, max_len)
 
 
 def test_span_lengths_follow_clipped_geometric_law(corrupted):

@@ -4,8 +4,8 @@
 span lengths follow a geometric law (``config.span_geometric_p``, 0.2)
 clipped at ``config.max_span_length`` (10) words, and spans are added until
 ``config.mask_rate`` (15%) of the candidate tokens are chosen
-(``masking.choose_span_slots``). 80/10/10 applies per span
-(``masking.replace_spans``). For every chosen token at position i of a span
+(``spans.choose_span_slots``). 80/10/10 applies per span
+(``spans.replace_spans``). For every chosen token at position i of a span
 ``[s, e]`` the model also gets the two boundary positions just outside the
 span, ``s - 1`` and ``e + 1``, and the offset ``i - s``, from which its SBO
 head predicts the token (bertjax/models/spanbert.py).
@@ -15,7 +15,7 @@ uniform start, repeat until the budget is met), which is sequential: here
 every run of candidate words is cut into consecutive spans with lengths drawn
 from the law (``masking.span_tiles``), and spans are taken in a random order
 until the budget, the one that would overflow being cut to the words that
-still fit (``masking.choose_tile_prefix``; the paper's code also stops
+still fit (``spans.choose_tile_prefix``; the paper's code also stops
 inside its last span). So spans keep their drawn lengths except that cut one and the
 last span of a run of words, cut at the run's end; at 512 tokens (about 15
 spans a row) the mean chosen length is about 3.6 words against the law's
@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.objectives import masking
+from bertjax.objectives import spans
 from bertjax.objectives import mlm
 
 
@@ -46,7 +47,7 @@ def span_boundaries(positions: jax.Array, weights: jax.Array,
 
   Args:
     positions, weights, span_starts, span_ends: [..., P] from
-      ``masking.choose_span_slots``.
+      ``spans.choose_span_slots``.
     seq_len: L; boundaries are clipped into ``[0, L - 1]`` (only a span
       touching the row's edge, impossible when the row starts with [CLS] and
       ends with [SEP] or padding, would need it).
@@ -79,7 +80,7 @@ class SpanBertObjective:
   def __init__(self, config: Any):
     self.mlm = mlm.MlmSettings.from_config(config)
     self.masking, self.dupe_factor = mlm.masking_schedule(config)
-    self.length_probs = masking.geometric_length_probs(
+    self.length_probs = spans.geometric_length_probs(
         float(config.span_geometric_p), int(config.max_span_length))
     self.max_offset = int(config.sbo_max_offset)
     if self.max_offset < 0:
@@ -104,11 +105,11 @@ class SpanBertObjective:
 
     def one_row(key, tokens, row_candidates, word_starts):
       choose_key, replace_key = jax.random.split(key)
-      positions, weights, starts, ends = masking.choose_span_slots(
+      positions, weights, starts, ends = spans.choose_span_slots(
           choose_key, row_candidates, word_starts, rate=settings.mask_rate,
           max_predictions=settings.max_predictions,
           length_probs=self.length_probs, whole_word=settings.whole_word)
-      corrupted = masking.replace_spans(
+      corrupted = spans.replace_spans(
           replace_key, tokens, positions, weights, starts,
           vocab_size=settings.vocab_size,
           mask_token_rate=settings.mask_token_rate,
