@@ -278,8 +278,12 @@ def tile_units(rng: jax.Array, unit_candidates: jax.Array,
     non-candidate units.
   """
   num_units = unit_candidates.shape[-1]
-  logits = jnp.log(jnp.asarray(length_probs, jnp.float32))
-  lengths = 1 + jax.random.categorical(rng, logits, shape=(num_units,))
+  # Inverse-CDF draw: one uniform and a searchsorted per span, which compiles
+  # in a fraction of the time of categorical's Gumbel trick on CPU.
+  cdf = np.cumsum(np.asarray(length_probs, np.float64))
+  cdf = jnp.asarray(cdf[:-1] / cdf[-1], jnp.float32)
+  lengths = 1 + jnp.searchsorted(
+      cdf, jax.random.uniform(rng, (num_units,)), side="right").astype(jnp.int32)
   ends = jnp.cumsum(lengths)  # span j covers run offsets [ends[j-1], ends[j])
   index = jnp.arange(num_units, dtype=jnp.int32)
   run_start = jax.lax.cummax(jnp.where(unit_candidates, -1, index)) + 1
