@@ -62,11 +62,13 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
 
   # --- model ---------------------------------------------------------------
   if tiny:
-    # BERT's std 0.02, scaled by sqrt(768 / H) for H = 128 (bertjax/state.py
-    # rescale_init): with 0.02 the 128-wide [CLS] barely depends on the text
-    # at init and SOP stayed at chance for 1000 steps, even on a synthetic
-    # task whose order is visible from the token ids alone.
-    c.initializer_range = 0.05
+    # With BERT's std 0.02 the 128-wide [CLS] barely depends on the text at
+    # init and SOP stayed at chance for 1000 steps, even on a synthetic task
+    # whose order is visible from the token ids alone (0.05 learns that one
+    # in 75 steps, 0.1 in 25). With 0.1 the demo's training SOP accuracy
+    # reaches 0.71 by step 1000 (held-out stays at chance: see README) and
+    # held-out MLM improves from 2.3x to 2.75x the baseline.
+    c.initializer_range = 0.1
   c.dropout_rate = 0.0
   c.attention_dropout_rate = 0.0
 
