@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 import time
 from typing import Any, Callable
 
@@ -86,8 +85,12 @@ def hf_masked_inputs(config, batch: dict[str, np.ndarray], seed: int = 0):
   return ids.astype(np.int32), labels.astype(np.int64)
 
 
-def bertjax_step(config) -> tuple[Callable[[], None], float]:
-  """bertjax's jitted step on this host's devices; returns (run one, compile s)."""
+def bertjax_step(config, return_compiled: bool = False):
+  """bertjax's jitted step on this host's devices.
+
+  Returns (run one, compile s), and the compiled executable third with
+  ``return_compiled`` (bench/profile_step.py reads its HLO).
+  """
   mesh = sharding.make_mesh(config.mesh_shape)
   model = models.get_model(config)
   objective = objectives.get_objective(config)
@@ -106,6 +109,8 @@ def bertjax_step(config) -> tuple[Callable[[], None], float]:
     box["state"], metrics = compiled(box["state"], batch, rng)
     jax.block_until_ready(metrics)
 
+  if return_compiled:
+    return run, compile_s, compiled
   return run, compile_s
 
 
