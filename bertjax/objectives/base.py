@@ -27,7 +27,7 @@ that they add up across micro-batches, steps and devices; the reader divides.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol
+from typing import Mapping, Protocol
 
 import jax
 

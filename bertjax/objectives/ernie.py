@@ -179,37 +179,12 @@ class ErnieObjective(bert.BertObjective):
           "entities); set --config.max_ngram=1 and "
           "--config.whole_word_masking=False.")
 
-  def corrupt(
-      self, rng: jax.Array, batch: Mapping[str, jax.Array], step: jax.Array
-  ) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
-    """Returns (model inputs, targets); see base.Objective.
-
-    The random streams and the order (pairs first, then masks) are those of
-    ``sentence_pair.SentencePairObjective.corrupt``; only the masking differs.
-    """
-    example_root, step_root = jax.random.split(rng)
-    keys = masking.example_keys(
-        example_root, batch["example_id"], batch["epoch"], step,
-        masking=self.masking, dupe_factor=self.dupe_factor)
-    streams = jax.vmap(jax.random.split)(keys)  # [B, 2]
-    pairs, labels = self.make_pairs(
-        streams[:, 1], jax.random.fold_in(step_root, step), batch)
-    masked = mask_knowledge(streams[:, 0], pairs, self.mlm, self.level_rates)
-    inputs = {
-        "tokens": masked["tokens"],
-        "segment_ids": pairs["segment_ids"],
-        "positions": pairs["positions"],
-        "doc_ids": pairs["doc_ids"],
-        "masked_positions": masked["masked_positions"],
-    }
-    targets = {
-        "mlm_targets": masked["mlm_targets"],
-        "mlm_weights": masked["mlm_weights"],
-        "ernie_level": masked["ernie_level"],
-        f"{self.task}_labels": labels,
-        "example_mask": pairs["example_mask"],
-    }
-    return inputs, targets
+  def mask(self, keys: jax.Array,
+           pairs: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+    """Knowledge masking of the rebuilt rows (``mask_knowledge``); the
+    streams and the order (pairs first, then masks) are
+    ``sentence_pair.SentencePairObjective.corrupt``'s."""
+    return mask_knowledge(keys, pairs, self.mlm, self.level_rates)
 
   def loss(self, outputs: Mapping[str, jax.Array],
            targets: Mapping[str, jax.Array]) -> tuple[jax.Array, mlm.Metrics]:

@@ -58,6 +58,16 @@ class SentencePairObjective:
     """
     raise NotImplementedError
 
+  def mask(self, keys: jax.Array,
+           pairs: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+    """Masks the rebuilt rows: ``mlm.mask_batch`` (a variant may override).
+
+    Returns tokens and masked_positions (model inputs); every other entry
+    (mlm_targets, mlm_weights, ...) goes to the targets.
+    """
+    return mlm.mask_batch(keys, pairs["tokens"], pairs["special"],
+                          pairs["word_starts"], pairs["example_mask"], self.mlm)
+
   def corrupt(
       self, rng: jax.Array, batch: Mapping[str, jax.Array], step: jax.Array
   ) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
@@ -75,9 +85,7 @@ class SentencePairObjective:
     streams = jax.vmap(jax.random.split)(keys)  # [B, 2]
     pairs, labels = self.make_pairs(
         streams[:, 1], jax.random.fold_in(step_root, step), batch)
-    masked = mlm.mask_batch(
-        streams[:, 0], pairs["tokens"], pairs["special"], pairs["word_starts"],
-        pairs["example_mask"], self.mlm)
+    masked = self.mask(streams[:, 0], pairs)
     inputs = {
         "tokens": masked["tokens"],
         "segment_ids": pairs["segment_ids"],
@@ -85,12 +93,10 @@ class SentencePairObjective:
         "doc_ids": pairs["doc_ids"],
         "masked_positions": masked["masked_positions"],
     }
-    targets = {
-        "mlm_targets": masked["mlm_targets"],
-        "mlm_weights": masked["mlm_weights"],
-        f"{self.task}_labels": labels,
-        "example_mask": pairs["example_mask"],
-    }
+    targets = {k: v for k, v in masked.items()
+               if k not in ("tokens", "masked_positions")}
+    targets[f"{self.task}_labels"] = labels
+    targets["example_mask"] = pairs["example_mask"]
     return inputs, targets
 
   def loss(self, outputs: Mapping[str, jax.Array],
