@@ -10,17 +10,14 @@ from flax import traverse_util
 from bertjax import batch as batch_lib
 from bertjax import models
 from bertjax import objectives
-from bertjax import optim
-from bertjax import sharding
 from bertjax import state as state_lib
-from bertjax import train
 from bertjax.data import packing
-from bertjax.data import pipeline
 from bertjax.models import albert
 from bertjax.objectives import masking
 from bertjax.objectives import mlm
 from bertjax.objectives import sop
 from configs import albert as albert_config
+import variant_steps
 
 
 def shapes(params):
@@ -252,18 +249,7 @@ def albert_small(demo_data):
 
 def test_tiny_config_runs_a_real_train_step(albert_small, demo_data):
   config = albert_small
-  mesh = sharding.Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1, 1),
-                       sharding.MESH_AXES)
-  model = models.get_model(config)
-  tx = optim.make_optimizer(config)
-  state, shardings = state_lib.create_train_state(model, tx, config, mesh)
-  step = train.make_train_step(model, objectives.get_objective(config), tx,
-                               shardings, mesh)
-  it = pipeline.make_train_iterator(config, demo_data.source("train"),
-                                    local_batch_size=config.batch_size)
-  with mesh:
-    state, metrics = step(state, train.to_global(next(it), mesh),
-                          jax.random.key(0))
+  state, metrics = variant_steps.one_train_step(config, demo_data.source("train"))
   for name in ("loss", "mlm_loss", "mlm_accuracy", "sop_loss", "sop_accuracy"):
     total, count = (float(x) for x in metrics[name])
     assert np.isfinite(total) and count > 0, name

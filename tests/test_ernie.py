@@ -13,10 +13,7 @@ from flax import traverse_util
 from bertjax import batch as batch_lib
 from bertjax import models
 from bertjax import objectives
-from bertjax import optim
-from bertjax import sharding
 from bertjax import state as state_lib
-from bertjax import train
 from bertjax.data import knowledge
 from bertjax.data import packing
 from bertjax.data import pipeline
@@ -25,6 +22,7 @@ from bertjax.objectives import ernie
 from bertjax.objectives import nsp
 from bertjax.objectives import sop
 from configs import ernie as ernie_config
+import variant_steps
 
 KNOWLEDGE = batch_lib.KNOWLEDGE_FIELDS
 
@@ -487,20 +485,7 @@ def test_tiny_golden_parameter_shapes():
       "mlm_head/layer_norm/scale": (H,), "mlm_head/layer_norm/bias": (H,),
       "mlm_head/output_bias": (V,),
   }
-  for i in range(2):
-    layer = f"encoder/layer_{i}"
-    for proj in ("query", "key", "value"):
-      want[f"{layer}/attention/{proj}/kernel"] = (H, 2, 64)
-      want[f"{layer}/attention/{proj}/bias"] = (2, 64)
-    want[f"{layer}/attention/out/kernel"] = (2, 64, H)
-    want[f"{layer}/attention/out/bias"] = (H,)
-    want[f"{layer}/mlp/wi/kernel"] = (H, F)
-    want[f"{layer}/mlp/wi/bias"] = (F,)
-    want[f"{layer}/mlp/wo/kernel"] = (F, H)
-    want[f"{layer}/mlp/wo/bias"] = (H,)
-    for norm in ("attention_norm", "mlp_norm"):
-      want[f"{layer}/{norm}/scale"] = (H,)
-      want[f"{layer}/{norm}/bias"] = (H,)
+  want.update(variant_steps.encoder_layer_shapes(2, H, 2, F))
   flat = traverse_util.flatten_dict(nn.meta.unbox(params), sep="/")
   assert {k: tuple(v.shape) for k, v in flat.items()} == want
 
@@ -510,18 +495,7 @@ def test_tiny_config_runs_a_real_train_step(knowledge_data):
   config = config.copy_and_resolve_references()
   config.batch_size, config.seq_len, config.max_predictions_per_seq = 8, 48, 8
   config.shuffle_window = 32
-  mesh = sharding.Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1, 1),
-                       sharding.MESH_AXES)
-  model = models.get_model(config)
-  tx = optim.make_optimizer(config)
-  state, shardings = state_lib.create_train_state(model, tx, config, mesh)
-  step = train.make_train_step(model, objectives.get_objective(config), tx,
-                               shardings, mesh)
-  it = pipeline.make_train_iterator(config, prepared.source("train"),
-                                    local_batch_size=config.batch_size)
-  with mesh:
-    state, metrics = step(state, train.to_global(next(it), mesh),
-                          jax.random.key(0))
+  state, metrics = variant_steps.one_train_step(config, prepared.source("train"))
   for name in ("loss", "mlm_loss", "mlm_accuracy", "nsp_accuracy"):
     total, count = (float(x) for x in metrics[name])
     assert np.isfinite(total) and count > 0, name

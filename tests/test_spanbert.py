@@ -12,14 +12,11 @@ from flax import traverse_util
 from bertjax import batch as batch_lib
 from bertjax import models
 from bertjax import objectives
-from bertjax import optim
-from bertjax import sharding
 from bertjax import state as state_lib
-from bertjax import train
-from bertjax.data import pipeline
 from bertjax.models import spanbert as spanbert_model
 from bertjax.objectives import spans
 from configs import spanbert
+import variant_steps
 
 # The paper's setting: rows of 512 tokens, 15% of them (at most 76) masked.
 SEQ_LEN, SLOTS, ROWS, VOCAB = 512, 76, 192, 30_000
@@ -275,20 +272,7 @@ def test_tiny_golden_parameter_shapes():
       "sbo_head/layer_norm_1/bias": (H,),
       "sbo_head/output_bias": (V,),
   }
-  for i in range(2):
-    layer = f"encoder/layer_{i}"
-    for proj in ("query", "key", "value"):
-      want[f"{layer}/attention/{proj}/kernel"] = (H, 2, 64)
-      want[f"{layer}/attention/{proj}/bias"] = (2, 64)
-    want[f"{layer}/attention/out/kernel"] = (2, 64, H)
-    want[f"{layer}/attention/out/bias"] = (H,)
-    want[f"{layer}/mlp/wi/kernel"] = (H, F)
-    want[f"{layer}/mlp/wi/bias"] = (F,)
-    want[f"{layer}/mlp/wo/kernel"] = (F, H)
-    want[f"{layer}/mlp/wo/bias"] = (H,)
-    for norm in ("attention_norm", "mlp_norm"):
-      want[f"{layer}/{norm}/scale"] = (H,)
-      want[f"{layer}/{norm}/bias"] = (H,)
+  want.update(variant_steps.encoder_layer_shapes(2, H, 2, F))
   flat = traverse_util.flatten_dict(nn.meta.unbox(params), sep="/")
   # No pooler and no NSP head.
   assert {k: tuple(v.shape) for k, v in flat.items()} == want
@@ -308,18 +292,7 @@ def test_tiny_config_runs_a_real_train_step(demo_data):
   config.data_dir = demo_data.data_dir
   config.batch_size, config.seq_len, config.max_predictions_per_seq = 8, 64, 10
   config.shuffle_window = 32
-  mesh = sharding.Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1, 1),
-                       sharding.MESH_AXES)
-  model = models.get_model(config)
-  tx = optim.make_optimizer(config)
-  state, shardings = state_lib.create_train_state(model, tx, config, mesh)
-  step = train.make_train_step(model, objectives.get_objective(config), tx,
-                               shardings, mesh)
-  it = pipeline.make_train_iterator(config, demo_data.source("train"),
-                                    local_batch_size=config.batch_size)
-  with mesh:
-    state, metrics = step(state, train.to_global(next(it), mesh),
-                          jax.random.key(0))
+  state, metrics = variant_steps.one_train_step(config, demo_data.source("train"))
   metrics = jax.device_get(metrics)
   assert not any(name.startswith("nsp") for name in metrics)
   means = {k: float(s) / max(float(c), 1e-9) for k, (s, c) in metrics.items()}

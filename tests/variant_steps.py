@@ -1,0 +1,52 @@
+"""Helpers shared by the per-variant tests: golden encoder shapes, one real step."""
+
+import jax
+import numpy as np
+
+from bertjax import models
+from bertjax import objectives
+from bertjax import optim
+from bertjax import sharding
+from bertjax import state as state_lib
+from bertjax import train
+from bertjax.data import pipeline
+
+
+def encoder_layer_shapes(num_layers: int, hidden: int, heads: int,
+                         mlp: int) -> dict[str, tuple[int, ...]]:
+  """Parameter shapes of ``num_layers`` unshared BERT encoder layers, written
+  from the architecture (q/k/v/out projections per head, two-layer MLP, two
+  post-LayerNorms), keyed by their '/'-joined path."""
+  head_dim = hidden // heads
+  want = {}
+  for i in range(num_layers):
+    layer = f"encoder/layer_{i}"
+    for proj in ("query", "key", "value"):
+      want[f"{layer}/attention/{proj}/kernel"] = (hidden, heads, head_dim)
+      want[f"{layer}/attention/{proj}/bias"] = (heads, head_dim)
+    want[f"{layer}/attention/out/kernel"] = (heads, head_dim, hidden)
+    want[f"{layer}/attention/out/bias"] = (hidden,)
+    want[f"{layer}/mlp/wi/kernel"] = (hidden, mlp)
+    want[f"{layer}/mlp/wi/bias"] = (mlp,)
+    want[f"{layer}/mlp/wo/kernel"] = (mlp, hidden)
+    want[f"{layer}/mlp/wo/bias"] = (hidden,)
+    for norm in ("attention_norm", "mlp_norm"):
+      want[f"{layer}/{norm}/scale"] = (hidden,)
+      want[f"{layer}/{norm}/bias"] = (hidden,)
+  return want
+
+
+def one_train_step(config, source):
+  """Runs the real jitted train step once, on one device, on the first batch
+  the pipeline makes from ``source``; returns (new state, metrics)."""
+  mesh = sharding.Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1, 1),
+                       sharding.MESH_AXES)
+  model = models.get_model(config)
+  tx = optim.make_optimizer(config)
+  state, shardings = state_lib.create_train_state(model, tx, config, mesh)
+  step = train.make_train_step(model, objectives.get_objective(config), tx,
+                               shardings, mesh)
+  it = pipeline.make_train_iterator(config, source,
+                                    local_batch_size=config.batch_size)
+  with mesh:
+    return step(state, train.to_global(next(it), mesh), jax.random.key(0))
