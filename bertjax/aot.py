@@ -16,12 +16,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any
 
 # The TPU here is only a compile target: keep the runtime on CPU, and tell
 # libtpu it is a single, compile-only host so it does not probe for TPUs.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+# libtpu takes a machine-wide lock file when it loads; a compile-only process
+# must not fail because another JAX process (a training run on this CPU host
+# with the tpu extra installed) holds it.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 import jax  # noqa: E402
 from absl import app  # noqa: E402
@@ -98,6 +103,9 @@ def compile_for_topology(config, topology: str) -> dict[str, Any]:
     A JSON-able record: topology, num_chips, mesh, per-chip bytes
     (argument, output, temp, alias, code, total), hbm_bytes_per_chip,
     fits, compiled_flops_per_chip, useful_flops_per_step, compile_seconds.
+    When the TPU compiler itself refuses the program for lack of HBM, the
+    record says fits False with the sizes from its message
+    (``compiler_oom``) instead of raising.
     compiled_flops_per_chip is XLA's cost analysis of the per-chip program:
     it counts the body of a loop once, so with scan_layers (and
     microbatches > 1) it is below the real per-step work; useful_flops_per_step
@@ -122,9 +130,29 @@ def compile_for_topology(config, topology: str) -> dict[str, Any]:
   rng = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype,
                              sharding=sharding.replicated(mesh))
   start = time.perf_counter()
+  hbm = HBM_BYTES[topology.split(":")[0]]
+  record = {
+      "topology": topology,
+      "num_chips": len(devices),
+      "mesh": dict(mesh.shape),
+      "model": f"{config.model}-{config.model_size}",
+      "batch_size": int(config.batch_size),
+      "seq_len": int(config.seq_len),
+      "microbatches": int(config.get("microbatches", 1)),
+      "hbm_bytes_per_chip": hbm,
+      "useful_flops_per_step": flops.step_flops(config),
+  }
   with mesh:
-    compiled = step_fn.lower(_abstract(abstract, shardings),
-                             abstract_batch(config, mesh), rng).compile()
+    lowered = step_fn.lower(_abstract(abstract, shardings),
+                            abstract_batch(config, mesh), rng)
+    try:
+      compiled = lowered.compile()
+    except jax.errors.JaxRuntimeError as e:
+      oom = compiler_oom(str(e))
+      if oom is None:
+        raise
+      return dict(record, **oom,
+                  compile_seconds=round(time.perf_counter() - start, 2))
   seconds = time.perf_counter() - start
   memory = compiled.memory_analysis()
   per_chip = {
@@ -140,22 +168,45 @@ def compile_for_topology(config, topology: str) -> dict[str, Any]:
   cost = compiled.cost_analysis()
   if isinstance(cost, (list, tuple)):
     cost = cost[0] if cost else {}
-  hbm = HBM_BYTES[topology.split(":")[0]]
+  return dict(
+      record,
+      bytes_per_chip=per_chip,
+      gib_per_chip=round(per_chip["total"] / GIB, 3),
+      fits=per_chip["total"] <= hbm,
+      compiled_flops_per_chip=float(cost.get("flops", -1.0)),
+      compile_seconds=round(seconds, 2))
+
+
+# The TPU compiler refuses a program whose temporaries exceed the chip, e.g.
+# "... HLO temporaries (145.65G) exceeds available HBM (15.75G) ...".
+_OOM = re.compile(r"HbmOom.*?\(([\d.]+)([KMGT])\).*?available HBM \(([\d.]+)([KMGT])\)",
+                  re.DOTALL)
+_UNIT = {"K": 1024, "M": 1024 ** 2, "G": 1024 ** 3, "T": 1024 ** 4}
+
+
+def compiler_oom(message: str) -> dict[str, Any] | None:
+  """The sizes in the TPU compiler's out-of-HBM refusal, or None if it is not one.
+
+  Returns:
+    fits False, bytes_per_chip with the temporaries the compiler asked for
+    (``total`` is that same figure: a lower bound, arguments come on top),
+    gib_per_chip, usable_hbm_bytes_per_chip (what the compiler says it may
+    use, below the datasheet HBM) and the compiler's first line.
+  """
+  match = _OOM.search(message)
+  if match is None:
+    return None
+  need = float(match.group(1)) * _UNIT[match.group(2)]
+  usable = float(match.group(3)) * _UNIT[match.group(4)]
+  first = next((line for line in message.splitlines() if "HbmOom" in line),
+               message.splitlines()[0])
   return {
-      "topology": topology,
-      "num_chips": len(devices),
-      "mesh": dict(mesh.shape),
-      "model": f"{config.model}-{config.model_size}",
-      "batch_size": int(config.batch_size),
-      "seq_len": int(config.seq_len),
-      "microbatches": int(config.get("microbatches", 1)),
-      "bytes_per_chip": per_chip,
-      "gib_per_chip": round(per_chip["total"] / GIB, 3),
-      "hbm_bytes_per_chip": hbm,
-      "fits": per_chip["total"] <= hbm,
-      "compiled_flops_per_chip": float(cost.get("flops", -1.0)),
-      "useful_flops_per_step": flops.step_flops(config),
-      "compile_seconds": round(seconds, 2),
+      "fits": False,
+      "bytes_per_chip": {"temp": int(need), "total": int(need)},
+      "gib_per_chip": round(need / GIB, 3),
+      "usable_hbm_bytes_per_chip": int(usable),
+      "compiled_flops_per_chip": -1.0,
+      "compiler_message": first.strip(),
   }
 
 
@@ -166,6 +217,13 @@ def describe(record: dict[str, Any]) -> str:
   if record["fits"]:
     return (f"Fits: {need:.2f} GiB of {have:.0f} GiB HBM per chip on "
             f"{record['topology']}.")
+  chip = record["topology"].split(":")[0]
+  if "usable_hbm_bytes_per_chip" in record:
+    usable = record["usable_hbm_bytes_per_chip"] / GIB
+    return (f"Does NOT fit: the TPU compiler refused the step, whose "
+            f"temporaries alone need {need:.2f} GiB per chip while a {chip} "
+            f"chip can use {usable:.2f} of its {have:.0f} GiB HBM; raise "
+            "--config.microbatches, shard more (fsdp) or use remat.")
   return (f"Does NOT fit: the step needs {need:.2f} GiB per chip (temporaries "
           f"{record['bytes_per_chip']['temp'] / GIB:.2f} GiB) but a "
           f"{record['topology'].split(':')[0]} chip has {have:.0f} GiB; raise "

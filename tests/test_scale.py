@@ -227,3 +227,24 @@ def test_aot_compiles_for_small_tpu_topology_with_fsdp(demo_config):
   too_big = dict(record, fits=False,
                  bytes_per_chip=dict(record["bytes_per_chip"], total=40 * 1024 ** 3))
   assert "NOT fit" in aot.describe(too_big) and "40.00 GiB" in aot.describe(too_big)
+
+
+@pytest.mark.skipif(_libtpu_missing_reason() is not None,
+                    reason=str(_libtpu_missing_reason()))
+def test_aot_reports_a_plan_the_tpu_compiler_refuses(demo_config):
+  from bertjax import aot
+  # 131072 x 128 tokens in one step over 4 v5e chips: the activations alone
+  # are tens of GiB per chip, so libtpu refuses to compile the program.
+  config = _config(demo_config, batch_size=131072, seq_len=128,
+                   max_predictions_per_seq=20, mesh_shape="1,-1,1")
+  record = aot.compile_for_topology(config, "v5e:2x2")
+  assert record["fits"] is False
+  need = record["bytes_per_chip"]["temp"]
+  assert need > record["usable_hbm_bytes_per_chip"]
+  assert record["usable_hbm_bytes_per_chip"] <= record["hbm_bytes_per_chip"]
+  # Activations scale with the batch: at least the MLP input of one layer,
+  # 32768 rows x 128 x 512 float32 per chip, must be live at some point.
+  assert need > 32768 * 128 * 512 * 4
+  verdict = aot.describe(record)
+  assert "NOT fit" in verdict and f"{need / aot.GIB:.2f} GiB" in verdict
+  assert "microbatches" in verdict
