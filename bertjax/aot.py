@@ -90,6 +90,26 @@ def abstract_batch(config, mesh) -> dict[str, jax.ShapeDtypeStruct]:
       for name, (dtype, _) in batch_lib.FIELDS.items()}
 
 
+def lower_train_step(config, mesh) -> Any:
+  """The train step of ``config`` traced and lowered for ``mesh``, unrun.
+
+  Exactly what the train loop jits (``train.make_train_step``), applied to
+  abstract state and batch that carry their shardings; call inside ``with
+  mesh:``. ``.compile()`` on the result compiles it for the mesh's devices.
+  """
+  model = models.get_model(config)
+  objective = objectives.get_objective(config)
+  tx = optim.make_optimizer(config)
+  abstract, shardings = state_lib.state_shardings(model, tx, config, mesh)
+  step_fn = train.make_train_step(
+      model, objective, tx, shardings, mesh,
+      microbatches=int(config.get("microbatches", 1)))
+  rng = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype,
+                             sharding=sharding.replicated(mesh))
+  return step_fn.lower(_abstract(abstract, shardings),
+                       abstract_batch(config, mesh), rng)
+
+
 def compile_for_topology(config, topology: str) -> dict[str, Any]:
   """Lowers and compiles the train step of ``config`` for ``topology``.
 
@@ -120,15 +140,6 @@ def compile_for_topology(config, topology: str) -> dict[str, Any]:
         f"config.batch_size={config.batch_size} is not divisible by the "
         f"{ways} ways (microbatches x data x fsdp) of mesh {dict(mesh.shape)}; "
         "change --config.batch_size or --config.mesh_shape.")
-  model = models.get_model(config)
-  objective = objectives.get_objective(config)
-  tx = optim.make_optimizer(config)
-  abstract, shardings = state_lib.state_shardings(model, tx, config, mesh)
-  step_fn = train.make_train_step(
-      model, objective, tx, shardings, mesh,
-      microbatches=int(config.get("microbatches", 1)))
-  rng = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype,
-                             sharding=sharding.replicated(mesh))
   start = time.perf_counter()
   hbm = HBM_BYTES[topology.split(":")[0]]
   record = {
@@ -143,8 +154,7 @@ def compile_for_topology(config, topology: str) -> dict[str, Any]:
       "useful_flops_per_step": flops.step_flops(config),
   }
   with mesh:
-    lowered = step_fn.lower(_abstract(abstract, shardings),
-                            abstract_batch(config, mesh), rng)
+    lowered = lower_train_step(config, mesh)
     try:
       compiled = lowered.compile()
     except jax.errors.JaxRuntimeError as e:
