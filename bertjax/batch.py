@@ -31,8 +31,10 @@ Fields (dtype, shape):
   a_lengths    int32 [B]     number of tokens of sentence A (no specials).
   b_lengths    int32 [B]     number of tokens of sentence B (no specials); 0 in
                              single-segment layouts.
-  example_id   int32 [B, 2]  stable identity of the example in its split:
-                             (document index, instance index within document).
+  example_id   int32 [B, 2]  identity of the example in its split:
+                             (document index, instance index within document)
+                             in packing copy epoch % dupe_factor (pair layouts
+                             re-draw their pairs per copy, as BERT's dupes do).
                              Static masks are a pure function of
                              (seed, example_id, epoch % dupe_factor).
   epoch        int32 [B]     how many times the pipeline has passed over the

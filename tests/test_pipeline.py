@@ -99,10 +99,11 @@ def test_same_seed_same_batches_other_seed_other_order():
   assert first != other
 
 
-def test_epochs_reshuffle_documents_and_keep_examples():
+def test_epochs_reshuffle_documents_and_cycle_dupe_factor_packings():
   docs = make_docs(30)
-  # A window of one keeps the document order visible in the row order.
-  config = make_config(shuffle_window=1)
+  # A window of one keeps the document order visible in the row order; two
+  # packing copies: epochs 0 and 2 read copy 0, epoch 1 reads copy 1.
+  config = make_config(shuffle_window=1, dupe_factor=2)
   rows = rows_of(take(pipeline.make_train_iterator(
       config, docs, local_batch_size=4), 60))
   epochs = [e for _, e, _ in rows]
@@ -114,14 +115,45 @@ def test_epochs_reshuffle_documents_and_keep_examples():
     if not order or order[-1] != example_id[0]:
       order.append(example_id[0])
     examples.setdefault(epoch, []).append(example_id)
-    if example_id in tokens_of:
-      np.testing.assert_array_equal(tokens_of[example_id], tokens,
-                                    err_msg=f"example {example_id} changed")
-    tokens_of[example_id] = tokens
+    key = (example_id, epoch % 2)
+    if key in tokens_of:
+      np.testing.assert_array_equal(tokens_of[key], tokens,
+                                    err_msg=f"example {key} changed")
+    tokens_of[key] = tokens
   for epoch in (0, 1, 2):
-    assert sorted(examples[epoch]) == sorted(tokens_of), "each example once"
+    copy = {k[0] for k in tokens_of if k[1] == epoch % 2}
+    assert sorted(examples[epoch]) == sorted(copy), "each example once"
     assert len(orders[epoch]) == len(set(orders[epoch])), "a document's pairs are adjacent"
   assert len({tuple(orders[e]) for e in (0, 1, 2)}) == 3, "a new order each epoch"
+  # The two copies cut the documents into different pairs (random split
+  # points), while each copy covers the same documents.
+  def pairs(copy):
+    return {d: [tokens_of[(k, c)].tobytes() for (k, c) in sorted(tokens_of)
+                if c == copy and k[0] == d] for d in range(len(docs))}
+  first, second = pairs(0), pairs(1)
+  splittable = [d for d in range(len(docs))
+                if len(docs[d]["sentence_lengths"]) > 2]
+  changed = sum(first[d] != second[d] for d in splittable)
+  assert changed >= 0.5 * len(splittable), (changed, len(splittable))
+
+
+def test_each_packing_copy_keeps_pairs_adjacent_and_copy_zero_is_the_default():
+  docs = make_docs(40)
+  config = make_config(dupe_factor=3)
+  layout = pipeline.packing.get_layout(config.layout)
+  for doc_index in (0, 7, 19):
+    by_epoch = [pipeline.pack_document(docs[doc_index], doc_index, layout,
+                                       config, 0, epoch) for epoch in range(4)]
+    for epoch, rows in enumerate(by_epoch):
+      check_pair_rows(pipeline._stack_rows(rows), docs, config.seq_len)
+      assert all(r["epoch"] == epoch for r in rows)
+    # Epoch 3 reads copy 0 again; a dupe_factor of 1 always packs copy 0.
+    for a, b in zip(by_epoch[0], by_epoch[3]):
+      np.testing.assert_array_equal(a["tokens"], b["tokens"])
+    single = pipeline.pack_document(docs[doc_index], doc_index, layout,
+                                    make_config(dupe_factor=1), 0, 1)
+    assert [r["tokens"].tobytes() for r in single] == [
+        r["tokens"].tobytes() for r in by_epoch[0]]
 
 
 def test_window_shuffle_spreads_a_document_over_batches():

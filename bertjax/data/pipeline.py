@@ -5,8 +5,11 @@ Training (``make_train_iterator``), per host:
   this host's documents (global index i with i % process_count == process_index)
     -> repeated forever, reshuffled every epoch (seed: config.seed, epoch)
     -> each document packed by the layout ``config.layout`` names
-       (bertjax.data.packing), seeded by (config.seed, document index) so a pair
-       is the same in every epoch: example_id = (document index, pair index)
+       (bertjax.data.packing), seeded by (config.seed, document index, copy)
+       with copy = epoch % config.dupe_factor: like BERT's data script, which
+       re-draws its pairs in every one of its dupe_factor duplications, there
+       are dupe_factor packings of the corpus, each the same whenever it comes
+       round: example_id = (document index, pair index) within the copy
        -- or, for a cross-document layout (full_sentences), cut into sentence
        chunks that one reader packs across consecutive documents:
        example_id = (document index, chunk index) of the row's first chunk
@@ -251,13 +254,22 @@ class _WindowShuffleIterDataset(grain.IterDataset):
                                   self._seed)
 
 
+def packing_copy(epoch: int, config: Any) -> int:
+  """Which of the config.dupe_factor packings of the corpus ``epoch`` reads."""
+  return int(epoch) % max(int(config.get("dupe_factor", 1)), 1)
+
+
 def pack_document(doc: Mapping[str, np.ndarray], doc_index: int,
                   layout: packing.Layout, config: Any, seed: int,
                   epoch: int) -> list[dict[str, np.ndarray]]:
   """Packs one document into complete Batch rows (no batch dimension).
 
-  The rows depend only on (seed, doc_index) and the document, never on the
-  epoch or the host, so that an example_id names the same tokens forever.
+  The rows depend only on (seed, doc_index, copy) and the document, never on
+  the host, so that (example_id, copy) names the same tokens forever -- the
+  same identity static masking keys on (``masking.example_keys``). Copy 0 is
+  seeded by (seed, doc_index) alone, so the first epoch and evaluation pack as
+  they did before copies existed. Only layouts that draw random numbers
+  (sentence_pairs: chunk targets and split points) differ between copies.
 
   Args:
     doc: tokens int32 [n], word_starts bool [n], sentence_lengths int32 [s].
@@ -265,13 +277,16 @@ def pack_document(doc: Mapping[str, np.ndarray], doc_index: int,
     layout: a function from ``packing.LAYOUTS``.
     config: passed to the layout (seq_len, short_seq_prob, ...).
     seed: packing seed.
-    epoch: written to the rows' epoch field.
+    epoch: written to the rows' epoch field; with config.dupe_factor it
+      picks the copy (``packing_copy``).
 
   Returns:
     Rows with every field of ``bertjax.batch.FIELDS``; example_id int32 [2] is
     (doc_index, row index in the document), example_mask True.
   """
-  rng = np.random.default_rng([seed, doc_index])
+  copy_index = packing_copy(epoch, config)
+  rng = np.random.default_rng(
+      [seed, doc_index] + ([copy_index] if copy_index else []))
   rows = layout(doc, config, rng)
   for k, row in enumerate(rows):
     row["example_id"] = np.array([doc_index, k], np.int32)
