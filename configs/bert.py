@@ -50,7 +50,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   c.random_token_rate = 0.1  # of the chosen: replaced by a random token
   # (the remaining 10% keep their token)
   c.masking = "static"  # 'static': fixed per example | 'dynamic': new each step
-  c.dupe_factor = 10  # static masking: distinct masks cycled over epochs
+  c.dupe_factor = 10  # data copies cycled over epochs: own masks and pairs
   c.whole_word_masking = False  # all sub-tokens of a chosen word share its fate
   c.nsp_negative_rate = 0.5  # fraction of pairs whose B comes from another doc
 
