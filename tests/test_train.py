@@ -11,12 +11,13 @@ import pytest
 
 from bertjax import checkpointing
 from bertjax import models
-from bertjax import objectives
 from bertjax import optim
 from bertjax import sharding
 from bertjax import state as state_lib
 from bertjax import train
 from bertjax.data import pipeline
+
+import variant_steps
 
 
 def small_config(demo_config, demo_data, **overrides):
@@ -41,20 +42,10 @@ def read_metrics(workdir):
     return [json.loads(line) for line in f]
 
 
-def _setup(config, mesh_shape):
-  mesh = sharding.make_mesh(mesh_shape)
-  model = models.get_model(config)
-  tx = optim.make_optimizer(config)
-  state, shardings = state_lib.create_train_state(model, tx, config, mesh)
-  step_fn = train.make_train_step(model, objectives.get_objective(config), tx,
-                                  shardings, mesh)
-  return mesh, state, step_fn
-
-
 def test_train_step_traces_once_and_loss_falls(demo_config, demo_data):
   config = small_config(demo_config, demo_data, learning_rate=2e-3,
                         dropout_rate=0.0, attention_dropout_rate=0.0)
-  mesh, state, step_fn = _setup(config, "-1,1,1")
+  mesh, state, step_fn = variant_steps.setup(config, "-1,1,1")
   it = pipeline.make_train_iterator(config, demo_data.source("train"),
                                     local_batch_size=config.batch_size)
   losses = []
@@ -81,14 +72,7 @@ def test_same_losses_on_one_device_and_on_eight(demo_config, demo_data):
   for name, devices, shape in (("one", jax.devices()[:1], "1,1,1"),
                                ("dp8", jax.devices(), "8,1,1"),
                                ("fsdp", jax.devices(), "2,4,1")):
-    mesh = sharding.Mesh(
-        np.asarray(devices).reshape(sharding.parse_mesh_shape(shape, len(devices))),
-        sharding.MESH_AXES)
-    model = models.get_model(config)
-    tx = optim.make_optimizer(config)
-    state, shardings = state_lib.create_train_state(model, tx, config, mesh)
-    step_fn = train.make_train_step(model, objectives.get_objective(config), tx,
-                                    shardings, mesh)
+    mesh, state, step_fn = variant_steps.setup(config, shape, devices)
     losses = []
     with mesh:
       for b in batches:

@@ -1,7 +1,6 @@
 """Helpers shared by the per-variant tests: golden encoder shapes, one real step."""
 
 import jax
-import numpy as np
 
 from bertjax import models
 from bertjax import objectives
@@ -36,16 +35,22 @@ def encoder_layer_shapes(num_layers: int, hidden: int, heads: int,
   return want
 
 
-def one_train_step(config, source):
-  """Runs the real jitted train step once, on one device, on the first batch
-  the pipeline makes from ``source``; returns (new state, metrics)."""
-  mesh = sharding.Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1, 1),
-                       sharding.MESH_AXES)
+def setup(config, mesh_shape, devices=None):
+  """(mesh, fresh train state, jitted train step) of ``config`` on a mesh of
+  ``mesh_shape`` over ``devices`` (default: all), as the train loop makes them."""
+  mesh = sharding.make_mesh(mesh_shape, devices)
   model = models.get_model(config)
   tx = optim.make_optimizer(config)
   state, shardings = state_lib.create_train_state(model, tx, config, mesh)
-  step = train.make_train_step(model, objectives.get_objective(config), tx,
-                               shardings, mesh)
+  step_fn = train.make_train_step(model, objectives.get_objective(config), tx,
+                                  shardings, mesh)
+  return mesh, state, step_fn
+
+
+def one_train_step(config, source):
+  """Runs the real jitted train step once, on one device, on the first batch
+  the pipeline makes from ``source``; returns (new state, metrics)."""
+  mesh, state, step = setup(config, "1,1,1", jax.devices()[:1])
   it = pipeline.make_train_iterator(config, source,
                                     local_batch_size=config.batch_size)
   with mesh:
