@@ -43,7 +43,13 @@ setuptools.setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=setuptools.find_packages(include=["bertjax", "bertjax.*"]),
+    # configs/*.py ship inside the package as bertjax/configs/*.py, so that
+    # an installed bertjax finds its default configs without the checkout
+    # (bertjax/config_files.py). They stay data loaded by path: configs/ has
+    # no __init__.py and nothing imports it as a package.
+    packages=setuptools.find_packages(include=["bertjax", "bertjax.*"]) + [
+        "bertjax.configs"],
+    package_dir={"bertjax.configs": "configs"},
     install_requires=CORE,
     extras_require=EXTRAS,
 )

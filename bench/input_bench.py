@@ -21,13 +21,13 @@ from typing import Any
 
 from absl import app
 from absl import flags
-from ml_collections import config_flags
 
 from bertjax import batch as batch_lib
+from bertjax import config_files
 from bertjax.data import pipeline
 from bertjax.data import prepare
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Train config file.")
+_CONFIG = config_files.define_config_flag("Train config file, e.g. configs/bert.py:tiny.")
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/bertjax-input-bench",
                                "Where the corpus is prepared unless config.data_dir.")
 _LAYOUTS = flags.DEFINE_list("layouts", ["sentence_pairs", "doc_sentences"],

@@ -32,9 +32,9 @@ import numpy as np
 from absl import app
 from absl import flags
 from absl import logging
-from ml_collections import config_flags
 
 from bertjax import batch as batch_lib
+from bertjax import config_files
 from bertjax import flops
 from bertjax import models
 from bertjax import objectives
@@ -44,7 +44,7 @@ from bertjax import state as state_lib
 from bertjax import train
 from bertjax.models import sizes
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Train config file.")
+_CONFIG = config_files.define_config_flag("Train config file, e.g. configs/bert.py:tiny.")
 _STEPS = flags.DEFINE_integer("steps", 15, "Timed steps per system.")
 _WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed steps after compilation.")
 _COMPARE = flags.DEFINE_bool("compare", False, "Also time HF Flax and PyTorch.")

@@ -31,9 +31,9 @@ os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 import jax  # noqa: E402
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
 
 from bertjax import batch as batch_lib  # noqa: E402
+from bertjax import config_files  # noqa: E402
 from bertjax import flops  # noqa: E402
 from bertjax import models  # noqa: E402
 from bertjax import objectives  # noqa: E402
@@ -240,7 +240,7 @@ def describe(record: dict[str, Any]) -> str:
           "--config.microbatches, shard more (fsdp) or use remat.")
 
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Train config file.")
+_CONFIG = config_files.define_config_flag("Train config file, e.g. configs/bert.py:large.")
 _TOPOLOGY = flags.DEFINE_string("topology", "v5e:2x2", "TPU topology, e.g. v5e:16x16.")
 
 

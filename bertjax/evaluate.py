@@ -11,13 +11,13 @@ import json
 
 from absl import app
 from absl import flags
-from ml_collections import config_flags
 
 from bertjax import cli
+from bertjax import config_files
 from bertjax import evaluation
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Config file, e.g. configs/bert.py:tiny.", lock_config=True)
+_CONFIG = config_files.define_config_flag(
+    "Config file, e.g. configs/bert.py:tiny (bertjax's own if not found here).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Workdir holding the checkpoints.")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step; default the latest.")
 flags.mark_flags_as_required(["config", "workdir"])

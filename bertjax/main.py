@@ -11,14 +11,14 @@ import os
 
 from absl import app
 from absl import flags
-from ml_collections import config_flags
 
 from bertjax import cli
+from bertjax import config_files
 from bertjax import guards
 from bertjax import train
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Config file, e.g. configs/bert.py:tiny.", lock_config=True)
+_CONFIG = config_files.define_config_flag(
+    "Config file, e.g. configs/bert.py:tiny (bertjax's own if not found here).")
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Directory for data, checkpoints and metrics.")
 _DISTRIBUTED = flags.DEFINE_bool(

@@ -12,14 +12,14 @@ import sys
 from absl import app
 from absl import flags
 from absl import logging
-from ml_collections import config_flags
 import tensorflow_datasets as tfds
 
 from bertjax import cli
+from bertjax import config_files
 from bertjax.data import prepare
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Config file, e.g. configs/bert.py:tiny.", lock_config=True)
+_CONFIG = config_files.define_config_flag(
+    "Config file, e.g. configs/bert.py:tiny (bertjax's own if not found here).")
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Run directory; data goes to <workdir>/data unless --config.data_dir.")
 flags.mark_flags_as_required(["config", "workdir"])

@@ -27,7 +27,11 @@ What differs from ``configs/bert.py`` (every other field is BERT's):
 
 import ml_collections
 
-from configs import bert
+from bertjax import config_files
+
+# Loaded by path (configs are data, not a package): the bert.py beside this
+# file, else bertjax's shipped one.
+bert = config_files.sibling(__file__, "bert")
 
 
 def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:

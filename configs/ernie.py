@@ -25,7 +25,11 @@ The model is BERT's ('bert').
 
 import ml_collections
 
-from configs import bert
+from bertjax import config_files
+
+# Loaded by path (configs are data, not a package): the bert.py beside this
+# file, else bertjax's shipped one.
+bert = config_files.sibling(__file__, "bert")
 
 
 def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:

@@ -9,16 +9,16 @@ r"""The config of a model imported by ``python -m bertjax.convert --from_hf``.
 """
 
 import json
-import os
 
+from etils import epath
 import ml_collections
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-  path = os.path.join(arg, "config.json")
-  if not arg or not os.path.isfile(path):
+  # epath, so that a gs:// workdir reads the same way as a local one.
+  path = epath.Path(arg) / "config.json" if arg else None
+  if path is None or not path.is_file():
     raise ValueError(
         f"No config.json in {arg!r}; pass the workdir of an import, "
         "--config=configs/hf.py:/path/to/workdir.")
-  with open(path, encoding="utf-8") as f:
-    return ml_collections.ConfigDict(json.load(f))
+  return ml_collections.ConfigDict(json.loads(path.read_text(encoding="utf-8")))

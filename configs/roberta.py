@@ -25,7 +25,11 @@ reach them with gradient accumulation (the loop's micro-batching field).
 
 import ml_collections
 
-from configs import bert
+from bertjax import config_files
+
+# Loaded by path (configs are data, not a package): the bert.py beside this
+# file, else bertjax's shipped one.
+bert = config_files.sibling(__file__, "bert")
 
 # Paper recipe per size: (peak lr, warmup steps).
 _PAPER_LR = {"base": (6e-4, 24_000), "large": (4e-4, 30_000)}

@@ -12,8 +12,8 @@ import pytest  # noqa: E402
 @pytest.fixture(scope="session")
 def demo_config():
   """The tiny BERT config, as `configs/bert.py:tiny` gives it."""
-  from configs import bert
-  return bert.get_config("tiny")
+  from bertjax import config_files
+  return config_files.shipped("bert").get_config("tiny")
 
 
 @pytest.fixture(scope="session")

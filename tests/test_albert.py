@@ -8,6 +8,7 @@ from flax import linen as nn
 from flax import traverse_util
 
 from bertjax import batch as batch_lib
+from bertjax import config_files
 from bertjax import models
 from bertjax import objectives
 from bertjax import state as state_lib
@@ -16,8 +17,9 @@ from bertjax.models import albert
 from bertjax.objectives import masking
 from bertjax.objectives import mlm
 from bertjax.objectives import sop
-from configs import albert as albert_config
 import variant_steps
+
+albert_config = config_files.shipped("albert")  # configs/albert.py, loaded by path
 
 
 def shapes(params):

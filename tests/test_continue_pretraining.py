@@ -9,14 +9,16 @@ import pytest
 pytest.importorskip("torch", reason="the import fixture needs torch (the hf extra)")
 pytest.importorskip("transformers", reason="the import fixture needs transformers")
 
+from bertjax import config_files  # noqa: E402
 from bertjax import evaluation  # noqa: E402
 from bertjax import train  # noqa: E402
 from bertjax.convert import hf_tokenizers  # noqa: E402
 from bertjax.convert import workdir as workdir_lib  # noqa: E402
 from bertjax.data import prepare  # noqa: E402
-from configs import hf as hf_config  # noqa: E402
 
 from test_convert import hf_bert  # noqa: E402,F401  (fixture)
+
+hf_config = config_files.shipped("hf")  # configs/hf.py, loaded by path
 
 
 def test_imported_model_continues_pretraining(hf_bert, tmp_path, demo_config):  # noqa: F811

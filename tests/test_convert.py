@@ -122,8 +122,8 @@ def test_import_writes_a_resumable_config_and_checkpoint(imported, hf_bert, demo
   # The training fields stay the base config's; seq_len fits the position table.
   assert saved["learning_rate"] == demo_config.learning_rate
   assert saved["seq_len"] == 40
-  from configs import hf as hf_config
-  assert hf_config.get_config(workdir).to_dict() == saved
+  from bertjax import config_files
+  assert config_files.load(f"configs/hf.py:{workdir}").to_dict() == saved
   assert os.listdir(os.path.join(workdir, "checkpoints")) == ["0"]
   with pytest.raises(ValueError, match="new --workdir"):
     workdir_lib.import_hf(hf_bert[0], workdir, demo_config)

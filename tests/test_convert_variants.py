@@ -187,10 +187,9 @@ def test_tokenizer_ids_and_encode_match_transformers(hf_model):
 
 @pytest.fixture(scope="module")
 def imported(hf_model, tmp_path_factory):
-  from configs import albert as albert_config
-  from configs import roberta as roberta_config
+  from bertjax import config_files
   kind, path, _ = hf_model
-  base = (roberta_config if kind == "roberta" else albert_config).get_config("tiny")
+  base = config_files.shipped(kind).get_config("tiny")
   workdir = str(tmp_path_factory.mktemp(f"imported_{kind}"))
   return workdir, workdir_lib.import_hf(path, workdir, base)
 

@@ -11,6 +11,7 @@ from flax import linen as nn
 from flax import traverse_util
 
 from bertjax import batch as batch_lib
+from bertjax import config_files
 from bertjax import models
 from bertjax import objectives
 from bertjax import state as state_lib
@@ -21,8 +22,9 @@ from bertjax.data import prepare
 from bertjax.objectives import ernie
 from bertjax.objectives import nsp
 from bertjax.objectives import sop
-from configs import ernie as ernie_config
 import variant_steps
+
+ernie_config = config_files.shipped("ernie")  # configs/ernie.py, loaded by path
 
 KNOWLEDGE = batch_lib.KNOWLEDGE_FIELDS
 

@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 
 from bertjax import batch as batch_lib
+from bertjax import config_files
 from bertjax.data import packing
 from bertjax.data import pipeline
 from bertjax.data import single_segment
-from configs import roberta
+
+roberta = config_files.shipped("roberta")  # configs/roberta.py, loaded by path
 
 STRIDE = 10_000
 FIRST = batch_lib.NUM_SPECIAL_TOKENS

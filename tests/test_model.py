@@ -6,9 +6,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bertjax import config_files
 from bertjax import models
 from bertjax.models import layers
-from configs import bert as bert_config
+
+bert_config = config_files.shipped("bert")  # configs/bert.py, loaded by path
 
 # Tiny size by definition (sizes.py / the BERT miniatures): 2 layers, H=128,
 # 2 heads of 64, MLP 512; vocab 8000, 512 positions, 2 segment types.

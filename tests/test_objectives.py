@@ -9,12 +9,14 @@ import numpy as np
 import pytest
 
 from bertjax import batch as batch_lib
+from bertjax import config_files
 from bertjax.objectives import bert
 from bertjax.objectives import get_objective
 from bertjax.objectives import masking
 from bertjax.objectives import mlm
 from bertjax.objectives import nsp
-from configs import bert as bert_config
+
+bert_config = config_files.shipped("bert")  # configs/bert.py, loaded by path
 
 B, L, V, P = 256, 128, 8000, 20
 

@@ -78,8 +78,8 @@ def test_initializer_range_sets_the_std_of_kernels_and_tables_only():
   from bertjax import models
   from bertjax import sharding
   from bertjax import state as state_lib
-  from configs import bert
-  config = bert.get_config("tiny")
+  from bertjax import config_files
+  config = config_files.load("configs/bert.py:tiny")
   config.vocab_size = 1000
   config.initializer_range = 0.06
   model = models.get_model(config)

@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 from bertjax import batch as batch_lib
+from bertjax import config_files
 from bertjax.data import pipeline
-from configs import bert
+
+bert = config_files.shipped("bert")  # configs/bert.py, loaded by path
 
 STRIDE = 10_000
 FIRST = batch_lib.NUM_SPECIAL_TOKENS

@@ -10,12 +10,14 @@ from flax import linen as nn
 from flax import traverse_util
 
 from bertjax import batch as batch_lib
+from bertjax import config_files
 from bertjax import models
 from bertjax import objectives
 from bertjax import state as state_lib
 from bertjax.data import tokenizer as tokenizer_lib
-from configs import roberta
 import variant_steps
+
+roberta = config_files.shipped("roberta")  # configs/roberta.py, loaded by path
 
 
 def test_tiny_golden_parameter_shapes():

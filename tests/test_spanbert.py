@@ -10,13 +10,15 @@ from flax import linen as nn
 from flax import traverse_util
 
 from bertjax import batch as batch_lib
+from bertjax import config_files
 from bertjax import models
 from bertjax import objectives
 from bertjax import state as state_lib
 from bertjax.models import spanbert as spanbert_model
 from bertjax.objectives import spans
-from configs import spanbert
 import variant_steps
+
+spanbert = config_files.shipped("spanbert")  # configs/spanbert.py, loaded by path
 
 # The paper's setting: rows of 512 tokens, 15% of them (at most 76) masked.
 SEQ_LEN, SLOTS, ROWS, VOCAB = 512, 76, 192, 30_000

@@ -5,8 +5,8 @@ Import (HF -> bertjax), then continue pretraining or evaluate:
   python -m bertjax.convert --from_hf=path/to/bert-base-uncased --workdir=/tmp/bb
   python -m bertjax.main --config=configs/hf.py:/tmp/bb --workdir=/tmp/bb
 
-``--config`` (default: configs/<bert|roberta|albert>.py:base of this
-checkout, after the HF model_type) supplies the training and data fields;
+``--config`` (default: configs/<bert|roberta|albert>.py:base shipped
+with bertjax, after the HF model_type) supplies the training and data fields;
 the model fields come from the HF config.json.
 
 Export (bertjax -> HF), loadable by transformers' BertForPreTraining,
@@ -16,16 +16,14 @@ RobertaForMaskedLM or AlbertForPreTraining:
       [--model_type=roberta]
 """
 
-import importlib.util
 import json
 import os
 
 from absl import app
 from absl import flags
-from ml_collections import config_flags
 
-import bertjax
 from bertjax import cli
+from bertjax import config_files
 
 _FROM_HF = flags.DEFINE_string("from_hf", None, "HF model directory to import.")
 _TO_HF = flags.DEFINE_string("to_hf", None, "Directory to write the HF model into.")
@@ -34,22 +32,13 @@ _STEP = flags.DEFINE_integer("step", None, "Checkpoint step to export; default t
 _MODEL_TYPE = flags.DEFINE_string(
     "model_type", None, "HF model_type to export as; default the imported one, else "
     "bert/albert. 'roberta' writes a bertjax BERT without sentence head as RoBERTa.")
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Base config for an import, e.g. configs/bert.py:base.",
-    lock_config=False)
+_CONFIG = config_files.define_config_flag(
+    "Base config for an import, e.g. configs/bert.py:base.", lock_config=False)
 flags.mark_flags_as_required(["workdir"])
 
 
 def _default_config(model: str):
-  root = os.path.dirname(os.path.dirname(os.path.abspath(bertjax.__file__)))
-  path = os.path.join(root, "configs", f"{model}.py")
-  if not os.path.isfile(path):
-    raise ValueError(
-        f"No {path} to take the training fields from; pass --config=FILE:base.")
-  spec = importlib.util.spec_from_file_location(f"_bertjax_config_{model}", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config("base")
+  return config_files.shipped(model).get_config("base")
 
 
 def main(argv):
