@@ -7,6 +7,8 @@ module covers the fields the loop itself relies on.
 
 from __future__ import annotations
 
+import math
+
 from bertjax import optim
 from bertjax.models import layers
 from bertjax.models import sizes
@@ -59,6 +61,84 @@ def validate(config) -> None:
     _fail("microbatches", config.microbatches, "it must be a positive integer")
   if config.get("remat", "none") not in _REMAT:
     _fail("remat", config.remat, f"it must be one of {', '.join(_REMAT)}")
+  import jax
+  from bertjax import sharding
+  shape = sharding.parse_mesh_shape(config.mesh_shape, jax.device_count())
+  check_sharded_dims(config, dict(zip(sharding.MESH_AXES, shape)))
+
+
+# The config field behind each logical parameter axis, to name it in errors.
+_AXIS_FIELDS = {"heads": "num_heads", "mlp": "mlp_dim", "vocab": "vocab_size",
+                "embed": "hidden_size"}
+
+
+def param_dims(config) -> dict[str, set[int]]:
+  """The sizes each logical axis name takes in the model's parameters.
+
+  Read from ``jax.eval_shape`` of the model's init: nothing is allocated.
+  """
+  import jax
+  from flax import linen as nn
+  from jax.sharding import PartitionSpec
+  from bertjax import models
+  from bertjax import state as state_lib
+  model = models.get_model(config)
+  rng = jax.random.key(0)
+  boxed = jax.eval_shape(lambda: model.init(
+      {"params": rng, "dropout": rng}, state_lib.dummy_inputs(config),
+      deterministic=True)["params"])
+  dims: dict[str, set[int]] = {}
+
+  def collect(spec, leaf):
+    for name, size in zip(spec, leaf.shape):
+      if isinstance(name, str):
+        dims.setdefault(name, set()).add(int(size))
+
+  jax.tree_util.tree_map(collect, nn.get_partition_spec(boxed),
+                         nn.meta.unbox(boxed),
+                         is_leaf=lambda x: isinstance(x, PartitionSpec))
+  return dims
+
+
+def check_sharded_dims(config, mesh_shape: dict[str, int]) -> None:
+  """Each parameter dimension the rules table splits over a mesh axis must be
+  divisible by that axis's size (XLA refuses uneven parameter shardings).
+
+  Args:
+    config: the run's config.
+    mesh_shape: mesh axis name -> size, resolved against the device count.
+  """
+  from bertjax import sharding
+  split = {}  # mesh axes -> logical names they split
+  for logical, axes in sharding.LOGICAL_RULES:
+    axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+    if axes and math.prod(mesh_shape[a] for a in axes) > 1:
+      split.setdefault(axes, []).append(logical)
+  if not split:
+    return  # the common case: nothing is split, no need to trace the model
+  dims = param_dims(config)
+  devices = math.prod(mesh_shape.values())
+  for axes, logicals in split.items():
+    size = math.prod(mesh_shape[a] for a in axes)
+    on_axis = [(name, d) for name in logicals for d in sorted(dims.get(name, ()))]
+    bad = [(name, d) for name, d in on_axis if d % size]
+    if not bad:
+      continue
+    good = [str(s) for s in range(1, devices + 1) if not devices % s and all(
+        not d % s for _, d in on_axis)]
+    what = " and ".join(f"{_AXIS_FIELDS.get(name, name)}={d} (logical axis "
+                        f"{name!r})" for name, d in bad)
+    axis = "x".join(axes)
+    example = ""
+    if len(axes) == 1 and axes[0] != "data":
+      sizes = {**mesh_shape, axes[0]: int(good[-1]), "data": -1}
+      example = (", e.g. --config.mesh_shape="
+                 + ",".join(str(sizes[a]) for a in sharding.MESH_AXES))
+    raise ValueError(
+        f"config.mesh_shape={config.mesh_shape!r} splits {what} over {size} "
+        f"devices on the {axis} axis, whose size must divide "
+        f"{'it' if len(bad) == 1 else 'each'}; use a {axis} size "
+        f"of {' or '.join(good)}{example}.")
 
 
 def check_mesh(config, mesh) -> None:

@@ -127,3 +127,31 @@ def test_empty_corpus(tmp_path, demo_config, demo_data, no_device_work):
   with pytest.raises(ValueError, match="--config.text_files|empty"):
     train.train_and_evaluate(config, str(tmp_path / "work"))
   assert sorted(os.listdir(corpus)) == ["a.txt", "b.txt"]
+
+
+def test_mesh_that_cannot_split_the_model(demo_config):
+  from bertjax import config_validation
+  config = demo_config.copy_and_resolve_references()
+  config.mesh_shape = "2,1,4"  # a 4-way tensor split of tiny BERT's 2 heads
+  with pytest.raises(ValueError, match=r"num_heads=2 .*use a tensor size of 1 or 2, "
+                     r"e\.g\. --config\.mesh_shape=-1,1,2\.$"):
+    config_validation.validate(config)
+  config.mesh_shape = "-1,1,2"
+  config_validation.validate(config)
+  config.vocab_size = 8001  # odd: no tensor split of the vocabulary but 1
+  with pytest.raises(ValueError, match=r"vocab_size=8001 .*use a tensor size of 1,"):
+    config_validation.validate(config)
+
+
+def test_cli_refuses_a_mesh_that_cannot_split_the_model(tmp_path):
+  workdir = tmp_path / "never"
+  proc = subprocess.run(
+      [sys.executable, "-m", "bertjax.main", "--config=configs/bert.py:tiny",
+       "--config.mesh_shape=2,1,4", f"--workdir={workdir}"],
+      cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert proc.returncode != 0
+  last = [l for l in proc.stderr.splitlines() if l.strip()][-1]
+  assert last.startswith("error: config.mesh_shape='2,1,4' splits num_heads=2"), last
+  assert "--config.mesh_shape=-1,1,2" in last
+  assert "Traceback" not in proc.stderr
+  assert not workdir.exists()  # refused before prepare and device work
