@@ -150,3 +150,30 @@ def test_hf_roberta_and_albert_import_with_shipped_configs(installed, tmp_path):
   rows = [json.loads(line) for line in proc.stdout.strip().splitlines()[-2:]]
   assert [r[:2] for r in rows] == [["mlm_only", "bert"], ["albert", "albert"]]
   assert all(r[2][0] == 1 and r[2][2] == 32 for r in rows)
+
+
+def test_config_specs_resolve_to_the_shipped_configs_unless_a_local_file_exists(
+    tmp_path, monkeypatch):
+  from bertjax import config_files
+  monkeypatch.chdir(tmp_path)  # no configs/ here
+  shipped = config_files.configs_dir() / "bert.py"
+  for spec in ("configs/bert.py:tiny", "bert.py:tiny", "bert:tiny"):
+    assert config_files.resolve(spec) == f"{shipped}:tiny"
+  assert config_files.load("bert:mini").model_size == "mini"
+  with pytest.raises(ValueError, match="one of albert, bert, ernie, hf, roberta, spanbert"):
+    config_files.resolve("configs/nope.py:tiny")
+  # A local file always wins; a copied config builds on the bert.py beside it,
+  # else on the shipped one.
+  (tmp_path / "configs").mkdir()
+  shutil.copy(config_files.configs_dir() / "roberta.py", tmp_path / "configs" / "roberta.py")
+  assert config_files.load("configs/roberta.py:tiny").seed == 0  # shipped bert.py
+  (tmp_path / "configs" / "bert.py").write_text(
+      "from bertjax import config_files\n"
+      "def get_config(arg):\n"
+      "  c = config_files.shipped('bert').get_config(arg)\n"
+      "  c.seed = 7\n"
+      "  return c\n")
+  assert config_files.resolve("configs/bert.py:tiny") == "configs/bert.py:tiny"
+  assert config_files.load("configs/bert.py:tiny").seed == 7
+  assert config_files.load("configs/roberta.py:tiny").seed == 7
+  assert config_files.load("roberta:tiny").seed == 0  # the shipped roberta.py
