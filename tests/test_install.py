@@ -15,6 +15,7 @@ when no index can provide them.
 import json
 import os
 import shutil
+import site
 import subprocess
 import sys
 
@@ -81,6 +82,13 @@ def installed(tmp_path_factory):
        str(tmp), env)
   purelib = _run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                  str(tmp), env).stdout.strip()
+  if sys.prefix != sys.base_prefix:
+    # The tests run in a venv themselves: --system-site-packages reaches only
+    # the base interpreter's packages, so add this environment's after the
+    # new venv's own (its .pth files too, as Python's site module does).
+    with open(os.path.join(purelib, "_test_parent_env.pth"), "w") as f:
+      f.writelines(f"import site; site.addsitedir({d!r})\n"
+                   for d in site.getsitepackages())
   elsewhere = tmp / "elsewhere"
   elsewhere.mkdir()
   return python, env, str(elsewhere), purelib
