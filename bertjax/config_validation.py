@@ -24,7 +24,8 @@ def _fail(field: str, value, want: str) -> None:
 
 
 def validate(config) -> None:
-  """Range and choice checks on the loop's config fields."""
+  """Range and choice checks on the loop's config fields, and a mesh_shape
+  that fits the devices and divides the model's sharded dimensions."""
   sizes.resolve(config)
   if not 0.0 < config.mask_rate < 1.0:
     _fail("mask_rate", config.mask_rate, "it must lie strictly between 0 and 1")
@@ -131,9 +132,9 @@ def check_sharded_dims(config, mesh_shape: dict[str, int]) -> None:
     axis = "x".join(axes)
     example = ""
     if len(axes) == 1 and axes[0] != "data":
-      sizes = {**mesh_shape, axes[0]: int(good[-1]), "data": -1}
+      shape = {**mesh_shape, axes[0]: int(good[-1]), "data": -1}
       example = (", e.g. --config.mesh_shape="
-                 + ",".join(str(sizes[a]) for a in sharding.MESH_AXES))
+                 + ",".join(str(shape[a]) for a in sharding.MESH_AXES))
     raise ValueError(
         f"config.mesh_shape={config.mesh_shape!r} splits {what} over {size} "
         f"devices on the {axis} axis, whose size must divide "
