@@ -74,6 +74,11 @@ class Model:
     # (<s> A </s></s> B </s>, as its tokenizer joins pairs).
     mapping = convert.mapping_for_config(self.config)
     self._pair_separators = int(getattr(mapping, "PAIR_SEPARATORS", 1))
+    # Segment id 0 for both texts of a pair where the architecture has one
+    # segment (RoBERTa), whatever type_vocab_size the checkpoint has. A
+    # workdir imported before the import recorded it falls back to the mapping.
+    self._single_segment = bool(self.config.get(
+        "single_segment", getattr(mapping, "SINGLE_SEGMENT", False)))
     self._apply = jax.jit(lambda p, x: self._module.apply({"params": p}, x))
 
   @property
@@ -90,8 +95,10 @@ class Model:
     real tokens of these right-padded rows get HF's positions.
 
     Args:
-      texts: strings, or (A, B) pairs for two segments (an imported RoBERTa
-        joins them with two separators, and its single segment id is 0).
+      texts: strings, or (A, B) pairs for two segments: segment ids 0 and 1,
+        or 0 for both where the model has one segment (``type_vocab_size``
+        1, or ``config.single_segment`` as an imported RoBERTa records; it
+        also joins them with two separators).
       max_length: truncation length (default max_position_embeddings).
 
     Returns:
@@ -99,7 +106,8 @@ class Model:
       real tokens, 0 on padding).
     """
     limit = int(max_length or self.config["max_position_embeddings"])
-    last_segment = int(self.config.get("type_vocab_size", 2)) - 1
+    last_segment = 0 if self._single_segment else (
+        int(self.config.get("type_vocab_size", 2)) - 1)
     rows, segs = [], []
     for text in texts:
       parts = (text,) if isinstance(text, str) else tuple(text)

@@ -2,6 +2,7 @@
 tokenizers that give transformers' ids, and a pretrained bertjax model loaded
 by transformers."""
 
+import hashlib
 import json
 import os
 
@@ -125,6 +126,8 @@ def test_import_writes_a_resumable_config_and_checkpoint(imported, hf_bert, demo
   from bertjax import config_files
   assert config_files.load(f"configs/hf.py:{workdir}").to_dict() == saved
   assert os.listdir(os.path.join(workdir, "checkpoints")) == ["0"]
+  # Nothing of the staging is left behind.
+  assert sorted(os.listdir(workdir)) == ["checkpoints", "config.json", "tokenizer"]
   with pytest.raises(ValueError, match="new --workdir"):
     workdir_lib.import_hf(hf_bert[0], workdir, demo_config)
 
@@ -172,6 +175,85 @@ def test_unsupported_checkpoints_are_refused(hf_bert, tmp_path):
       dst.write(src.read())
   with pytest.raises(ValueError, match="part of the mlm"):
     workdir_lib.load_hf(str(partial))
+
+
+def _tree(path):
+  """{relative path: sha256 of the bytes, or 'dir'} under ``path``; None if absent."""
+  if not os.path.exists(path):
+    return None
+  out = {}
+  for root, dirs, files in os.walk(path):
+    for name in dirs:
+      out[os.path.relpath(os.path.join(root, name), path)] = "dir"
+    for name in files:
+      full = os.path.join(root, name)
+      with open(full, "rb") as f:
+        out[os.path.relpath(full, path)] = hashlib.sha256(f.read()).hexdigest()
+  return out
+
+
+@pytest.mark.parametrize("problem", ["mlm_tensor", "mask_token"])
+def test_refused_import_leaves_the_workdir_as_it_was(hf_bert, tmp_path, demo_config,
+                                                     problem):
+  # Both problems show only after the tokenizer was copied into the workdir.
+  path, _ = hf_bert
+  bad = tmp_path / "hf"
+  bad.mkdir()
+  tensors = safetensors_numpy.load_file(os.path.join(path, "model.safetensors"))
+  vocab = _vocab_txt()
+  if problem == "mlm_tensor":
+    del tensors["cls.predictions.transform.dense.weight"]
+    message = "part of the mlm"
+  else:
+    vocab[vocab.index("[MASK]")] = "[MASQUE]"
+    message = "no token '\\[MASK\\]'"
+  safetensors_numpy.save_file(tensors, str(bad / "model.safetensors"))
+  (bad / "vocab.txt").write_text("\n".join(vocab) + "\n")
+  with open(os.path.join(path, "config.json")) as src:
+    (bad / "config.json").write_text(src.read())
+  # A workdir holding the user's files (and an empty checkpoints/, which an
+  # import accepts), and one that does not exist yet, nor its parent.
+  existing = tmp_path / "existing"
+  (existing / "checkpoints").mkdir(parents=True)
+  (existing / "notes.txt").write_text("mine")
+  (existing / "tokenizer").mkdir()
+  (existing / "tokenizer" / "vocab.txt").write_text("an older one")
+  for workdir in (existing, tmp_path / "new" / "workdir"):
+    before = _tree(str(workdir))
+    with pytest.raises(ValueError, match=message):
+      workdir_lib.import_hf(str(bad), str(workdir), demo_config)
+    assert _tree(str(workdir)) == before, workdir
+  assert not (tmp_path / "new").exists()
+  assert sorted(os.listdir(tmp_path)) == ["existing", "hf"]
+
+
+def test_cli_refusal_is_one_line_and_writes_nothing(hf_bert, tmp_path, demo_config):
+  import subprocess
+  import sys
+  path, _ = hf_bert
+  bad = tmp_path / "hf"
+  bad.mkdir()
+  for name in ("config.json", "model.safetensors"):
+    with open(os.path.join(path, name), "rb") as src:
+      (bad / name).write_bytes(src.read())
+  (bad / "vocab.txt").write_text("\n".join(
+      t for t in _vocab_txt() if t != "[MASK]") + "\n[MASQUE]\n")
+  workdir = tmp_path / "wd"
+  run = subprocess.run(
+      [sys.executable, "-m", "bertjax.convert", f"--from_hf={bad}",
+       f"--workdir={workdir}", "--config=configs/bert.py:tiny"],
+      capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+  assert run.returncode == 2, run.stderr[-2000:]
+  last = run.stderr.strip().splitlines()[-1]
+  assert last.startswith("error: Tokenizer") and "[MASK]" in last, run.stderr[-2000:]
+  assert not workdir.exists()
+  # The same import with the tokenizer fixed lands where bertjax.load reads it.
+  (bad / "vocab.txt").write_text("\n".join(_vocab_txt()) + "\n")
+  report = workdir_lib.import_hf(str(bad), str(workdir), demo_config)
+  assert sorted(os.listdir(workdir)) == ["checkpoints", "config.json", "tokenizer"]
+  assert report.tokenizer.path == str(workdir / "tokenizer")
+  config, params, step = workdir_lib.load_params(str(workdir))
+  assert step == 0 and config["tokenizer_path"] == str(workdir / "tokenizer")
 
 
 TEXTS = ["Héllo, WORLD!! The cat's mats... naïve café", "你好 世界 ok",

@@ -312,3 +312,81 @@ def test_unsupported_configs_are_refused(hf_model, tmp_path):
       json.dump({**config, **change}, f)
     with pytest.raises(ValueError, match=message):
       workdir_lib.load_hf(str(bad))
+
+
+@pytest.mark.parametrize("type_vocab_size", [1, 2])
+def test_roberta_pairs_match_transformers(hf_model, tmp_path, type_vocab_size):
+  # transformers' RoBERTa tokenizer gives every token of a pair segment id 0,
+  # also where the checkpoint has a second segment row (RobertaConfig's
+  # default type_vocab_size is 2), so bertjax must not use that row.
+  from bertjax import api
+  kind, path, hf = hf_model
+  if kind != "roberta":
+    pytest.skip("RoBERTa's one-segment pairs")
+  torch.manual_seed(type_vocab_size)
+  config = transformers.RobertaConfig(**{**hf.config.to_dict(),
+                                         "type_vocab_size": type_vocab_size})
+  hf = _perturb(transformers.RobertaForMaskedLM(config)).eval()
+  hf_dir = str(tmp_path / "hf")
+  hf.save_pretrained(hf_dir)
+  for name in os.listdir(path):
+    if not name.startswith(("model", "config")):
+      shutil.copy(os.path.join(path, name), hf_dir)
+  model = api.load(hf_dir)
+  firsts = ["The cat sat on the mat.", "a dog", "The quick brown fox"]
+  seconds = ["The lazy dog.", "sat on a log, and the cat sat", "jumps."]
+  ref = transformers.AutoTokenizer.from_pretrained(hf_dir)(
+      firsts, seconds, padding=True, return_token_type_ids=True, return_tensors="np")
+  ours = model.tokenize(list(zip(firsts, seconds)))
+  mask = ref["attention_mask"]
+  assert np.array_equal(ours["doc_ids"], mask)
+  assert np.array_equal(model.tokenizer.to_hf_ids(ours["tokens"]) * mask,
+                        ref["input_ids"] * mask)
+  assert not ref["token_type_ids"].any()
+  assert np.array_equal(ours["segment_ids"], ref["token_type_ids"])
+  out = model.run(ours)
+  _, ref_hidden, ref_logits = _hf_outputs(
+      kind, hf, ref["input_ids"], mask, ref["token_type_ids"])
+  real = mask.astype(bool)
+  assert _close(out["hidden"][real], ref_hidden[real])
+  logits = out["mlm_logits"][..., model.tokenizer.from_hf_ids(np.arange(config.vocab_size))]
+  assert _close(logits[real], ref_logits[real])
+
+
+def test_imported_roberta_trains_pairs_with_one_segment_id(hf_model, imported):
+  # Continued pretraining of an imported RoBERTa keeps RoBERTa's single
+  # segment id even in a layout that makes pairs (segment 1 for B).
+  import jax
+  import ml_collections
+  from bertjax import api
+  from bertjax import batch as batch_lib
+  from bertjax import objectives
+  from bertjax.data import packing
+  kind, _, _ = hf_model
+  if kind != "roberta":
+    pytest.skip("RoBERTa's one-segment pairs")
+  workdir, _ = imported
+  with open(os.path.join(workdir, "config.json")) as f:
+    config = ml_collections.ConfigDict(json.load(f))
+  assert config.objective == "mlm_only"
+  seq_len = int(config.seq_len)
+  pair = packing.pair_row(
+      packing.Segment(np.arange(5, 9, dtype=np.int32), np.ones(4, bool)),
+      packing.Segment(np.arange(9, 14, dtype=np.int32), np.ones(5, bool)), seq_len)
+  assert pair["segment_ids"].any()  # the packer's pair layout: B is segment 1
+  batch = batch_lib.empty_batch(2, seq_len)
+  for name, value in pair.items():
+    batch[name][:] = value
+  batch["example_mask"][:] = True
+  assert config.single_segment  # recorded by the import
+  segments = {}
+  for type_vocab_size, single in ((1, True), (2, True), (2, False)):
+    config.type_vocab_size, config.single_segment = type_vocab_size, single
+    inputs, _ = objectives.get_objective(config).corrupt(
+        jax.random.key(0), batch, np.int32(0))
+    segments[type_vocab_size, single] = np.asarray(inputs["segment_ids"])
+  assert not segments[1, True].any() and not segments[2, True].any()
+  # A two-segment model without the record (a BERT) keeps the packer's ids.
+  assert np.array_equal(segments[2, False], batch["segment_ids"])
+  # The workdir's model encodes pairs the same way.
+  assert not api.load(workdir).tokenize([("a cat", "a dog")])["segment_ids"].any()

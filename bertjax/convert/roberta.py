@@ -18,6 +18,12 @@ things differ from ``bert.py``:
 * Special tokens. <s>=0 <pad>=1 </s>=2 <unk>=3 and <mask> last, which
   bertjax's vocabulary reordering (``rules.vocab_order``) moves to its fixed
   ids like BERT's.
+* Segments. RoBERTa gives every token segment id 0, the second text of a
+  pair included (transformers' tokenizer does, and RoBERTa pretrains without
+  segments), whatever ``type_vocab_size`` the checkpoint has: RobertaConfig's
+  default of 2 leaves an unused second row. The import records this as
+  ``single_segment=True``, which ``bertjax.load(...).tokenize`` and the
+  ``mlm_only`` objective of continued pretraining obey.
 """
 
 from __future__ import annotations
@@ -39,8 +45,10 @@ BASE_PREFIX = "roberta."
 IGNORED = ("roberta.embeddings.position_ids", "roberta.embeddings.token_type_ids",
            "lm_head.decoder.weight", "lm_head.decoder.bias")
 SPECIAL_TOKENS = ("<pad>", "<unk>", "<s>", "</s>", "<mask>")
-# RoBERTa joins two segments as <s> A </s></s> B </s>.
+# RoBERTa joins two segments as <s> A </s></s> B </s> ...
 PAIR_SEPARATORS = 2
+# ... all with segment id 0 (config.single_segment, see the module docstring).
+SINGLE_SEGMENT = True
 
 
 def position_offset(config: Mapping[str, Any]) -> int:
@@ -76,7 +84,7 @@ def model_fields(hf_config: Mapping[str, Any]) -> dict[str, Any]:
         f"padding_idx {pad}; is pad_token_id right?")
   fields.update(max_position_embeddings=fields["max_position_embeddings"] - offset,
                 sentence_head=False, hf_model_type=MODEL_TYPE,
-                hf_position_offset=offset)
+                hf_position_offset=offset, single_segment=SINGLE_SEGMENT)
   return fields
 
 

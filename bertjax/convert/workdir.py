@@ -16,17 +16,28 @@ the model fields taken from the HF config.json: explicit ``num_layers,
 hidden_size, num_heads, mlp_dim`` (model_size names the matching row of
 bertjax/models/sizes.py, or 'custom'), ``tokenizer='hf'`` with
 ``tokenizer_path``, and ``hf_special_ids`` (the vocabulary reordering).
+
+An import is all or nothing: everything is written into a staging directory
+inside the workdir (``.import-staging-*``, so the final moves are renames on
+one filesystem) and moved into place only once the checkpoint is saved. A
+refused import leaves the workdir as it was, and one that did not exist is not
+created. Entries of the import's names already in the workdir (left by an
+interrupted import: ``tokenizer/``, ``config.json``, an empty
+``checkpoints/``) are replaced whole on success.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
-from typing import Any
+import uuid
+from typing import Any, Iterator
 
 import numpy as np
 from absl import logging
+from etils import epath
 
 from bertjax import convert
 from bertjax.convert import core
@@ -38,6 +49,8 @@ CONFIG_FILE = "config.json"
 # HF rows with no bertjax parameter (RoBERTa's position rows below
 # padding_idx + 1), kept as saved so that the export restores them.
 KEPT_FILE = "hf_kept_tensors.safetensors"
+# An import writes here (inside the workdir) first; see the module docstring.
+STAGING_PREFIX = ".import-staging-"
 
 
 @dataclasses.dataclass
@@ -106,12 +119,56 @@ def _float32():
   return jnp.float32
 
 
+def _absolute(path: str) -> epath.Path:
+  """``path`` as an epath; a local one made absolute (it is recorded in the config)."""
+  return epath.Path(path if "://" in str(path) else os.path.abspath(path))
+
+
+@contextlib.contextmanager
+def _staging(workdir: epath.Path) -> Iterator[epath.Path]:
+  """A new empty directory inside ``workdir`` to write an import into.
+
+  On an exception the staging directory goes, and so do the workdir and
+  any parents this created, so the file tree is as before.
+  """
+  created = None
+  for path in (workdir, *workdir.parents):
+    if path.exists():
+      break
+    created = path
+  workdir.mkdir(parents=True, exist_ok=True)
+  stage = workdir / f"{STAGING_PREFIX}{uuid.uuid4().hex[:12]}"
+  stage.mkdir()
+  try:
+    yield stage
+  except BaseException:
+    (created or stage).rmtree()
+    raise
+
+
+def _move_into_place(stage: epath.Path, workdir: epath.Path) -> None:
+  """Renames every entry of ``stage`` into ``workdir``, replacing any of the
+  same name (the old one is deleted with the staging directory)."""
+  entries = sorted(stage.iterdir())
+  replaced = stage / ".replaced"
+  for entry in entries:
+    target = workdir / entry.name
+    if target.exists():
+      replaced.mkdir(exist_ok=True)
+      target.rename(replaced / entry.name)
+    entry.rename(target)
+  stage.rmtree()
+
+
 def import_hf(hf_dir: str, workdir: str, base_config) -> ImportReport:
   """Converts an HF model directory into a bertjax workdir at step 0.
 
+  All or nothing: on an error (a refused checkpoint or tokenizer) the
+  workdir is left exactly as it was (see the module docstring).
+
   Args:
     hf_dir: the HF model directory.
-    workdir: a new (or empty) bertjax workdir.
+    workdir: a new bertjax workdir, or one without checkpoints.
     base_config: the ConfigDict whose training and data fields the run keeps
       (e.g. configs/bert.py:base); its model fields are replaced.
 
@@ -124,36 +181,41 @@ def import_hf(hf_dir: str, workdir: str, base_config) -> ImportReport:
   from bertjax import optim
   from bertjax import state as state_lib
 
-  workdir = os.path.abspath(workdir)
-  if os.path.isdir(os.path.join(workdir, "checkpoints")) and os.listdir(
-      os.path.join(workdir, "checkpoints")):
+  workdir = _absolute(workdir)
+  checkpoints = workdir / "checkpoints"
+  if checkpoints.is_dir() and any(checkpoints.iterdir()):
     raise ValueError(
         f"{workdir} already has checkpoints; pass a new --workdir to import into.")
-  tok_dir = os.path.join(workdir, TOKENIZER_DIR)
-  fields, params, initialised, unused, tokenizer, kept = _load_hf(
-      hf_dir, tok_dir, seed=int(base_config.get("seed", 0)))
-  config = ml_collections.ConfigDict(base_config.to_dict())
-  for key, value in fields.items():
-    config[key] = value
-  config.model_size = _size_row(fields)
-  config.tokenizer = "hf"
-  config.tokenizer_path = tok_dir
-  config.seq_len = min(int(config.seq_len), int(fields["max_position_embeddings"]))
-  config.max_predictions_per_seq = min(int(config.max_predictions_per_seq),
-                                       int(config.seq_len))
-  if kept:
-    config.hf_kept_tensors = os.path.join(workdir, KEPT_FILE)
-    os.makedirs(workdir, exist_ok=True)
-    hf_files.write_tensors(config.hf_kept_tensors, kept)
+  # The config records where the files end up, not where they are staged.
+  tok_dir = str(workdir / TOKENIZER_DIR)
+  with _staging(workdir) as stage:
+    fields, params, initialised, unused, tokenizer, kept = _load_hf(
+        hf_dir, str(stage / TOKENIZER_DIR), seed=int(base_config.get("seed", 0)))
+    config = ml_collections.ConfigDict(base_config.to_dict())
+    for key, value in fields.items():
+      config[key] = value
+    config.model_size = _size_row(fields)
+    config.tokenizer = "hf"
+    config.tokenizer_path = tok_dir
+    config.seq_len = min(int(config.seq_len), int(fields["max_position_embeddings"]))
+    config.max_predictions_per_seq = min(int(config.max_predictions_per_seq),
+                                         int(config.seq_len))
+    if kept:
+      config.hf_kept_tensors = str(workdir / KEPT_FILE)
+      hf_files.write_tensors(str(stage / KEPT_FILE), kept)
 
-  tx = optim.make_optimizer(config)
-  state = state_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                               opt_state=tx.init(params))
-  checkpointer = checkpointing.Checkpointer(workdir, keep=config.keep_checkpoints)
-  checkpointer.save(0, state, {}, config, tokenizer.fingerprint, force=True)
-  checkpointer.close()
-  with open(os.path.join(workdir, CONFIG_FILE), "w", encoding="utf-8") as f:
-    json.dump(config.to_dict(), f, indent=2, sort_keys=True)
+    tx = optim.make_optimizer(config)
+    state = state_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                                 opt_state=tx.init(params))
+    # The checkpoint records no directory: written under the staging
+    # directory, it restores from <workdir>/checkpoints once moved.
+    checkpointer = checkpointing.Checkpointer(str(stage), keep=config.keep_checkpoints)
+    checkpointer.save(0, state, {}, config, tokenizer.fingerprint, force=True)
+    checkpointer.close()
+    (stage / CONFIG_FILE).write_text(
+        json.dumps(config.to_dict(), indent=2, sort_keys=True), encoding="utf-8")
+    _move_into_place(stage, workdir)
+  tokenizer = hf_tokenizers.HfTokenizer(tok_dir)
   for head in initialised:
     logging.warning("The checkpoint has no %s head; it was freshly initialised.", head)
   if unused:

@@ -11,6 +11,13 @@ document. With ``config.attend_across_documents`` the objective reads a row
 as one text instead, as RoBERTa's FULL-SENTENCES does: every real token gets
 doc id 1 and positions count 0..L-1 through the row. Masking is unaffected:
 the [SEP] between documents is special and never chosen.
+
+Segment ids pass through from the Batch, except for a model with a single
+segment: ``config.single_segment`` (an imported RoBERTa, whose tokenizer and
+pretraining give every token segment id 0 even where its checkpoint has a
+second, unused segment row) or ``type_vocab_size`` 1 (which has no row for
+segment 1). Its rows read segment 0 everywhere, also in a pair layout, where
+the packer gives sentence B segment 1.
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ class MlmOnlyObjective:
     self.masking, self.dupe_factor = mlm.masking_schedule(config)
     self.attend_across_documents = bool(
         config.get("attend_across_documents", False))
+    self.single_segment = bool(config.get("single_segment", False)) or (
+        int(config.get("type_vocab_size", 2)) == 1)
 
   def corrupt(
       self, rng: jax.Array, batch: Mapping[str, jax.Array], step: jax.Array
@@ -49,13 +58,16 @@ class MlmOnlyObjective:
                             batch["word_starts"], batch["example_mask"],
                             self.mlm)
     doc_ids, positions = batch["doc_ids"], batch["positions"]
+    segment_ids = batch["segment_ids"]
+    if self.single_segment:
+      segment_ids = jnp.zeros_like(segment_ids)
     if self.attend_across_documents:
       doc_ids = (doc_ids > 0).astype(jnp.int32)
       positions = jnp.broadcast_to(
           jnp.arange(positions.shape[1], dtype=jnp.int32), positions.shape)
     inputs = {
         "tokens": masked["tokens"],
-        "segment_ids": batch["segment_ids"],
+        "segment_ids": segment_ids,
         "positions": positions,
         "doc_ids": doc_ids,
         "masked_positions": masked["masked_positions"],
