@@ -33,7 +33,7 @@ def _local_config(demo_config, text_files, **overrides):
   config = demo_config.copy_and_resolve_references()
   config.dataset = "bertjax_local_text"
   config.text_files = text_files
-  config.vocab_size = 300
+  config.vocab_size = 400
   for k, v in overrides.items():
     config[k] = v
   return config
@@ -133,7 +133,7 @@ def test_local_text_skips_bad_files(demo_config, text_dir, tmp_path, caplog):
   n_files = len(list(text_dir.glob("*.txt")))
   assert sum(prepared.splits.values()) == n_files
   assert 1 <= prepared.splits["validation"] < 0.2 * n_files
-  assert prepared.vocab_size == prepared.tokenizer().vocab_size == 300
+  assert prepared.vocab_size == prepared.tokenizer().vocab_size == 400
 
   # Same inputs: reused. Other inputs in the same data_dir: refused, nothing lost.
   before = _snapshot(data_dir)
@@ -160,7 +160,7 @@ def test_fingerprint_mismatch_is_refused(demo_config, text_dir, tmp_path):
   prepared = prepare.prepare(config, data_dir)
   # Someone replaces the tokenizer with another one of the same size.
   other = [p for _, paras in python_docs.topic_documents() for p in paras][::2]
-  tokenizer_lib.train(other, prepared.tokenizer_path, 300)
+  tokenizer_lib.train(other, prepared.tokenizer_path, 400)
   before = _snapshot(data_dir)
   with pytest.raises(ValueError, match="were made by tokenizer"):
     prepare.prepare(config, data_dir)
@@ -222,7 +222,7 @@ class PublicTextStandIn(builders.OfflineBuilder):
 def test_public_tfds_text_dataset(demo_config, tmp_path):
   PublicTextStandIn(data_dir=str(tmp_path), file_format="array_record").download_and_prepare()
   config = demo_config.copy_and_resolve_references()
-  config.update(dataset="public_text_stand_in", eval_split="test", vocab_size=300,
+  config.update(dataset="public_text_stand_in", eval_split="test", vocab_size=600,
                 text_feature="body")
   with pytest.raises(ValueError, match="no feature 'body'.*--config.text_feature"):
     prepare.prepare(config, str(tmp_path))

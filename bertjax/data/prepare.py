@@ -259,10 +259,13 @@ def _tokenizer(config, data_dir: str, key: str, train_docs) -> tokenizer_lib.Tok
           f"--config.vocab_size={tok.vocab_size} or point --config.data_dir at a "
           f"new directory.")
     model_type = tokenizer_lib.model_type_of(path)
-    if model_type != config.tokenizer:
+    if not tokenizer_lib.fits_config(model_type, config.tokenizer):
+      # 'unigram_bytes' is not a config value: every trained unigram has bytes.
+      fits = model_type if model_type in tokenizer_lib.MODEL_TYPES else (
+          model_type.removesuffix("_bytes"))
       raise ValueError(
-          f"Tokenizer {path} is a {model_type} model but config.tokenizer is "
-          f"{config.tokenizer!r}; set --config.tokenizer={model_type} or point "
+          f"Tokenizer {path} is a {fits} model but config.tokenizer is "
+          f"{config.tokenizer!r}; set --config.tokenizer={fits} or point "
           f"--config.data_dir at a new directory.")
     logging.info("Reusing tokenizer %s (vocab %d).", path, tok.vocab_size)
     return tok
