@@ -43,7 +43,9 @@ def main(argv):
   print(f"  tokenizer: {prepared.tokenizer_path} ({config.tokenizer}, vocab "
         f"{prepared.vocab_size}, sha256 {prepared.fingerprint[:12]})")
   for split, docs in prepared.splits.items():
-    print(f"  {split}: {docs} documents, {prepared.num_tokens.get(split, 0)} tokens")
+    unknown = prepared.unk_rate.get(split)
+    print(f"  {split}: {docs} documents, {prepared.num_tokens.get(split, 0)} tokens"
+          + ("" if unknown is None else f", {100 * unknown:.2f}% [UNK]"))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,10 @@
 and reuses (after checking) what is there, so a second call takes about a
 second. It never deletes anything: when something on disk does not match the
 config it raises a ValueError naming the mismatch and the fix, before any work.
+
+It logs the [UNK] rate of every split and warns above ``UNK_WARN_RATE``:
+bertjax's own tokenizers fall back to bytes, so only an older or imported
+tokenizer loses characters to [UNK].
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from bertjax.data import sentences as sentences_lib
 from bertjax.data import tokenizer as tokenizer_lib
 
 OWN_DATASETS = ("bertjax_python_docs", "bertjax_local_text")
+# Above this fraction of [UNK] tokens in a split, prepare warns: text is lost.
+UNK_WARN_RATE = 0.001
 _TF_EXTRA_HINT = ("install the tf extra (pip install -e '.[tf]') or prepare it as "
                   "array_record (tfds build {name} --file_format=array_record)")
 
@@ -50,6 +56,8 @@ class PreparedData:
     splits: split name (as in the config) -> number of tokenized documents.
     tokenized_dir: the TFDS directory of the shards (bertjax_tokenized/<source>/<version>).
     num_tokens: split name -> number of tokens in its documents.
+    unk_rate: split name -> fraction of its tokens that are [UNK] (absent
+      for shards prepared before it was recorded).
   """
   data_dir: str
   tokenizer_path: str
@@ -58,6 +66,7 @@ class PreparedData:
   splits: dict[str, int]
   tokenized_dir: str = ""
   num_tokens: dict[str, int] = dataclasses.field(default_factory=dict)
+  unk_rate: dict[str, float] = dataclasses.field(default_factory=dict)
 
   def source(self, split: str):
     """Random access (``len``, ``[i]``) to a split's tokenized documents.
@@ -343,9 +352,40 @@ def prepare(config, data_dir: str) -> PreparedData:
   splits = {s: stored.splits[builders.split_key(s)].num_examples for s in sources}
   num_tokens = {s: int(stored.metadata["num_tokens"][builders.split_key(s)])
                 for s in sources}
+  unk_rate = _report_unknown(tok, stored.metadata.get("num_unk", {}), num_tokens)
   logging.info("Prepared %s in %.1f s: %s documents, vocab %d.", config.dataset,
                time.time() - start, splits, tok.vocab_size)
   return PreparedData(
       data_dir=data_dir, tokenizer_path=tok.path, vocab_size=tok.vocab_size,
       fingerprint=tok.fingerprint, splits=splits,
-      tokenized_dir=os.fspath(builder.data_path), num_tokens=num_tokens)
+      tokenized_dir=os.fspath(builder.data_path), num_tokens=num_tokens,
+      unk_rate=unk_rate)
+
+
+def _report_unknown(tok, num_unk: dict[str, int], num_tokens: dict[str, int]
+                    ) -> dict[str, float]:
+  """Logs each split's [UNK] rate, warns above UNK_WARN_RATE; split -> rate."""
+  rates = {}
+  for split, tokens in num_tokens.items():
+    unknown = num_unk.get(builders.split_key(split))
+    if unknown is None:  # shards prepared before [UNK] counts were recorded
+      continue
+    rates[split] = rate = int(unknown) / max(tokens, 1)
+    logging.info("split %s: %.2f%% [UNK] of %d tokens", split, 100 * rate, tokens)
+    if rate > UNK_WARN_RATE:
+      logging.warning(
+          "split %s is %.2f%% [UNK] (%d of %d tokens), text the model never "
+          "sees: %s", split, 100 * rate, unknown, tokens, _unknown_cause(tok))
+  return rates
+
+
+def _unknown_cause(tok) -> str:
+  """Why a tokenizer yields [UNK], and the fix, for the warning."""
+  if getattr(tok, "byte_fallback", None) is False:
+    return (f"tokenizer {tok.path} predates byte fallback; point "
+            f"--config.data_dir at a new directory so that prepare trains one "
+            f"that has it.")
+  if isinstance(tok, tokenizer_lib.Tokenizer):
+    return f"tokenizer {tok.path} lacks pieces for some characters."
+  return (f"the imported tokenizer {tok.path} has no byte fallback; train on "
+          f"text its vocabulary covers.")
