@@ -16,6 +16,9 @@ and reuses (after checking) what is there, so a second call takes about a
 second. It never deletes anything: when something on disk does not match the
 config it raises a ValueError naming the mismatch and the fix, before any work.
 
+Every dataset it builds gets a manifest of its shards (size, sha256, records;
+``bertjax/data/shards.py``); reused shards are checked against their recorded
+sizes, and reading a damaged one raises a one-line ``DamagedShardError``.
 It logs the [UNK] rate of every split and warns above ``UNK_WARN_RATE``:
 bertjax's own tokenizers fall back to bytes, so only an older or imported
 tokenizer loses characters to [UNK].
@@ -35,6 +38,7 @@ import tensorflow_datasets as tfds
 from bertjax.data import builders
 from bertjax.data import knowledge
 from bertjax.data import sentences as sentences_lib
+from bertjax.data import shards
 from bertjax.data import tokenizer as tokenizer_lib
 
 OWN_DATASETS = ("bertjax_python_docs", "bertjax_local_text")
@@ -74,14 +78,19 @@ class PreparedData:
     Each item is a dict of numpy arrays: tokens int32 [n], word_starts bool [n],
     sentence_lengths int32 [s] with ``sum(sentence_lengths) == n``; shards
     prepared with ``config.knowledge_spans`` add phrase_starts and
-    entity_starts bool [n].
+    entity_starts bool [n]. A record that cannot be read raises
+    ``shards.DamagedShardError`` naming its shard.
     """
     if split not in self.splits:
       raise ValueError(
           f"Split {split!r} was not prepared (have {sorted(self.splits)}); set "
           f"--config.train_split/eval_split to one of them or prepare it.")
     builder = tfds.builder_from_directory(self.tokenized_dir)
-    return builder.as_data_source(builders.split_key(split))
+    key = builders.split_key(split)
+    info = builder.info.splits[key]
+    return shards.CheckedSource(
+        builder.as_data_source(key), [os.fspath(p) for p in info.filepaths],
+        info.shard_lengths, self.data_dir)
 
   def tokenizer(self):
     """The tokenizer the shards were made with."""
@@ -144,14 +153,19 @@ def _own_text_builder(config, data_dir: str) -> tfds.core.DatasetBuilder:
     start = time.time()
     logging.info("Building text dataset %s in %s ...", config.dataset, data_dir)
     builder.download_and_prepare()
+    shards.write_manifest(os.fspath(builder.data_path))
     logging.info("Built %s in %.1f s: %s", config.dataset, time.time() - start,
                  {k: v.num_examples for k, v in builder.info.splits.items()})
   return builder
 
 
-def _own_documents(builder, split: str) -> Callable[[], Iterator[builders.Document]]:
+def _own_documents(builder, split: str,
+                   data_dir: str) -> Callable[[], Iterator[builders.Document]]:
   def documents():
-    source = builder.as_data_source(split)
+    info = builder.info.splits[split]
+    source = shards.CheckedSource(
+        builder.as_data_source(split), [os.fspath(p) for p in info.filepaths],
+        info.shard_lengths, data_dir)
     for i in range(len(source)):
       record = source[i]
       yield (record["id"].decode("utf-8"),
@@ -225,7 +239,7 @@ def _text_sources(config, data_dir: str) -> dict[str, Callable[[], Iterator[buil
   if config.dataset.partition("/")[0] in OWN_DATASETS:
     builder = _own_text_builder(config, data_dir)
     _check_splits(config.dataset, builder.info.splits, wanted)
-    return {s: _own_documents(builder, s) for s in wanted}
+    return {s: _own_documents(builder, s, data_dir) for s in wanted}
   tfds_dir = _public_data_dir(config, data_dir)
   _check_splits(config.dataset, _public_splits(config, tfds_dir), wanted)
   return {s: _public_documents(config, s, tfds_dir) for s in wanted}
@@ -341,11 +355,14 @@ def prepare(config, data_dir: str) -> PreparedData:
           f"settings or another gazetteer; point --config.data_dir at a new "
           f"directory (or restore the ernie_* fields and gazetteer they were "
           f"made with).")
+    # A stat per shard: truncation is refused here, before any device work.
+    shards.check_sizes(os.fspath(builder.data_path), data_dir)
     logging.info("Reusing tokenized shards %s.", builder.data_path)
   else:
     tok_start = time.time()
     logging.info("Tokenizing %s into %s ...", list(sources), builder.data_path)
     builder.download_and_prepare()
+    shards.write_manifest(os.fspath(builder.data_path))
     logging.info("Tokenized in %.1f s.", time.time() - tok_start)
     stored = builder.info
 
