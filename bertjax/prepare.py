@@ -5,6 +5,13 @@ r"""Prepares a corpus once: text dataset, tokenizer and tokenized shards.
 Everything goes to ``config.data_dir`` (default ``<workdir>/data``); running it
 again checks and reuses what is there. Training (``bertjax.main``) calls the
 same library function, so running this first is optional.
+
+  ... --verify   checks every shard prepare made under the data_dir (sha256
+                 and size against the manifest recorded at prepare time, and
+                 every record read and decoded); changes nothing; exit status
+                 1 when a shard is damaged.
+  ... --repair   the same check, then removes each damaged dataset and
+                 prepares it again (shards are deterministic: the same records).
 """
 
 import sys
@@ -17,12 +24,38 @@ import tensorflow_datasets as tfds
 from bertjax import cli
 from bertjax import config_files
 from bertjax.data import prepare
+from bertjax.data import shards
 
 _CONFIG = config_files.define_config_flag(
     "Config file, e.g. configs/bert.py:tiny (bertjax's own if not found here).")
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Run directory; data goes to <workdir>/data unless --config.data_dir.")
+_VERIFY = flags.DEFINE_bool(
+    "verify", False, "Check every shard of the data_dir and report; prepares nothing.")
+_REPAIR = flags.DEFINE_bool(
+    "repair", False, "Check every shard, remove damaged datasets, prepare them again.")
 flags.mark_flags_as_required(["config", "workdir"])
+
+
+def _verify(data_dir: str, *, required: bool) -> list[shards.Report]:
+  """Prints one line per shard and a summary; returns the reports."""
+  reports = shards.verify(data_dir)
+  if not reports and not required:
+    return reports
+  if not reports:
+    raise ValueError(
+        f"No prepared shards under {data_dir}; run python -m bertjax.prepare "
+        f"with the same --config and --workdir first.")
+  for r in reports:
+    print(f"{'ok' if r.problem is None else 'DAMAGED':<8} {r.shard.split:<11} "
+          f"{r.shard.path}" + (f"  ({r.problem})" if r.problem else ""))
+  damaged = sum(r.problem is not None for r in reports)
+  unchecked = sum(not r.checksum for r in reports)
+  how = ("read and decoded in full, sha256 compared" if not unchecked else
+         f"read and decoded in full ({unchecked} without a recorded sha256)")
+  print(f"{len(reports)} shards of {data_dir} {how}: "
+        f"{len(reports) - damaged} ok, {damaged} damaged")
+  return reports
 
 
 def main(argv):
@@ -33,7 +66,18 @@ def main(argv):
   tfds.disable_progress_bar()
   config = _CONFIG.value
   data_dir = prepare.resolve_data_dir(config, _WORKDIR.value)
+  if _VERIFY.value and _REPAIR.value:
+    raise app.UsageError("Pass --verify (report only) or --repair, not both.")
   try:
+    if _VERIFY.value:
+      damaged = any(r.problem for r in _verify(data_dir, required=True))
+      if damaged:
+        print("re-prepare the damaged shards with the same command and --repair "
+              "instead of --verify", file=sys.stderr)
+      sys.exit(1 if damaged else 0)
+    if _REPAIR.value:
+      for removed in shards.remove_damaged(_verify(data_dir, required=False)):
+        print(f"removed damaged {removed}; preparing it again")
     prepared = prepare.prepare(config, data_dir)
   except ValueError as e:
     # Bad input gets its one sentence, not a traceback.
@@ -43,7 +87,9 @@ def main(argv):
   print(f"  tokenizer: {prepared.tokenizer_path} ({config.tokenizer}, vocab "
         f"{prepared.vocab_size}, sha256 {prepared.fingerprint[:12]})")
   for split, docs in prepared.splits.items():
-    print(f"  {split}: {docs} documents, {prepared.num_tokens.get(split, 0)} tokens")
+    unknown = prepared.unk_rate.get(split)
+    print(f"  {split}: {docs} documents, {prepared.num_tokens.get(split, 0)} tokens"
+          + ("" if unknown is None else f", {100 * unknown:.2f}% [UNK]"))
 
 
 if __name__ == "__main__":

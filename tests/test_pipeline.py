@@ -283,3 +283,36 @@ def test_too_few_documents_for_the_hosts_is_rejected():
   with pytest.raises(ValueError, match="hosts"):
     pipeline.make_train_iterator(make_config(), make_docs(2), local_batch_size=2,
                                  process_index=3, process_count=4)
+
+
+def _pairs_config(demo_config, **overrides):
+  config = demo_config.copy_and_resolve_references()
+  config.update(seq_len=48, shuffle_window=64, **overrides)
+  return config
+
+
+def test_nsp_over_one_document_is_refused_for_training(demo_config):
+  config = _pairs_config(demo_config)
+  assert config.layout == "sentence_pairs" and config.nsp_negative_rate > 0
+  with pytest.raises(ValueError) as error:
+    pipeline.make_train_iterator(config, make_docs(1), local_batch_size=4)
+  message = str(error.value)
+  assert "\n" not in message
+  assert message.startswith("Split 'train' has 1 document(s), but NSP draws its negatives")
+  assert "add documents" in message and "configs/roberta.py" in message
+  # Two documents, SOP (negatives swapped within a pair) or a single-segment
+  # layout are fine with one document.
+  pipeline.make_train_iterator(config, make_docs(2), local_batch_size=4)
+  sop = _pairs_config(demo_config, nsp_negative_rate=0.0)
+  next(pipeline.make_train_iterator(sop, make_docs(1), local_batch_size=4))
+  single = _pairs_config(demo_config, layout="doc_sentences")
+  next(pipeline.make_train_iterator(single, make_docs(1), local_batch_size=4))
+
+
+def test_nsp_over_one_document_warns_for_evaluation(demo_config, caplog):
+  config = _pairs_config(demo_config, eval_split="validation")
+  with caplog.at_level("WARNING"):
+    batches = list(pipeline.make_eval_batches(config, make_docs(1), local_batch_size=4))
+  assert batches  # evaluation still runs: its MLM figures are sound
+  warned = [r.getMessage() for r in caplog.records if "NSP" in r.getMessage()]
+  assert len(warned) == 1 and warned[0].startswith("Split 'validation' has 1 document(s)")

@@ -33,7 +33,7 @@ def _local_config(demo_config, text_files, **overrides):
   config = demo_config.copy_and_resolve_references()
   config.dataset = "bertjax_local_text"
   config.text_files = text_files
-  config.vocab_size = 300
+  config.vocab_size = 400
   for k, v in overrides.items():
     config[k] = v
   return config
@@ -133,7 +133,7 @@ def test_local_text_skips_bad_files(demo_config, text_dir, tmp_path, caplog):
   n_files = len(list(text_dir.glob("*.txt")))
   assert sum(prepared.splits.values()) == n_files
   assert 1 <= prepared.splits["validation"] < 0.2 * n_files
-  assert prepared.vocab_size == prepared.tokenizer().vocab_size == 300
+  assert prepared.vocab_size == prepared.tokenizer().vocab_size == 400
 
   # Same inputs: reused. Other inputs in the same data_dir: refused, nothing lost.
   before = _snapshot(data_dir)
@@ -160,7 +160,7 @@ def test_fingerprint_mismatch_is_refused(demo_config, text_dir, tmp_path):
   prepared = prepare.prepare(config, data_dir)
   # Someone replaces the tokenizer with another one of the same size.
   other = [p for _, paras in python_docs.topic_documents() for p in paras][::2]
-  tokenizer_lib.train(other, prepared.tokenizer_path, 300)
+  tokenizer_lib.train(other, prepared.tokenizer_path, 400)
   before = _snapshot(data_dir)
   with pytest.raises(ValueError, match="were made by tokenizer"):
     prepare.prepare(config, data_dir)
@@ -222,7 +222,7 @@ class PublicTextStandIn(builders.OfflineBuilder):
 def test_public_tfds_text_dataset(demo_config, tmp_path):
   PublicTextStandIn(data_dir=str(tmp_path), file_format="array_record").download_and_prepare()
   config = demo_config.copy_and_resolve_references()
-  config.update(dataset="public_text_stand_in", eval_split="test", vocab_size=300,
+  config.update(dataset="public_text_stand_in", eval_split="test", vocab_size=600,
                 text_feature="body")
   with pytest.raises(ValueError, match="no feature 'body'.*--config.text_feature"):
     prepare.prepare(config, str(tmp_path))
@@ -245,3 +245,70 @@ def test_split_keys_are_distinct_tfds_names():
   assert keys[:2] == ["train", "validation"]
   assert len(set(keys)) == len(keys)
   assert all(re.fullmatch(r"\w+", k) for k in keys)
+
+
+def _mixed_corpus(root, text_dir):
+  """The English pydoc topics plus one file of paragraphs mixing in Chinese and Arabic.
+
+  Chinese comes from 300 Zipf-weighted characters plus two characters per
+  paragraph drawn from 20,000, which the tokenizer cannot all hold.
+  """
+  rng = np.random.default_rng(0)
+  common = np.arange(0x4E00, 0x4E00 + 300)
+  weights = 1 / np.arange(1, 301)
+  rare = np.arange(0x5000, 0x9FA5)
+  arabic = np.arange(0x0627, 0x064B)
+  paragraphs = []
+  for i in range(200):
+    han = [chr(c) for c in rng.choice(common, 20, p=weights / weights.sum())]
+    han[10:10] = [chr(c) for c in rng.choice(rare, 2)]
+    words = [''.join(chr(c) for c in rng.choice(arabic, rng.integers(3, 7)))
+             for _ in range(6)]
+    paragraphs.append(f"Mixed paragraph {i} follows. {''.join(han)}。 "
+                      f"{' '.join(words)}. That is all.")
+  (root / "mixed.txt").write_text("\n\n".join(paragraphs) + "\n")
+  return f"{text_dir}/*.txt,{root}/mixed.txt"
+
+
+def test_mixed_scripts_lose_no_text_and_unk_rate_is_reported(
+    demo_config, text_dir, tmp_path, caplog):
+  config = _local_config(demo_config, _mixed_corpus(tmp_path, text_dir),
+                         dataset="bertjax_local_text/paragraphs", vocab_size=1000)
+  with caplog.at_level(logging.INFO):
+    prepared = prepare.prepare(config, str(tmp_path / "data"))
+  source, tok = prepared.source("validation"), prepared.tokenizer()
+  texts = [tok.decode(source[i]["tokens"]) for i in range(len(source))]
+  # The hold-out holds Chinese (and rare characters the vocab lacks) and Arabic.
+  han = "".join(t for t in texts if "。" in t)
+  assert sum("\u0627" <= ch <= "\u064a" for ch in han) > 100
+  assert sum(tok.piece_to_id(ch) == batch.UNK_ID for ch in han if ch >= "\u5000") >= 10
+  unknown = sum(int((source[i]["tokens"] == batch.UNK_ID).sum())
+                for i in range(len(source)))
+  assert unknown == 0 and prepared.unk_rate == {"train": 0.0, "validation": 0.0}
+  logged = [r.getMessage() for r in caplog.records]
+  assert (f"split validation: 0.00% [UNK] of {prepared.num_tokens['validation']} "
+          f"tokens") in logged
+  assert not [r for r in caplog.records if r.levelno >= logging.WARNING
+              and "[UNK]" in r.getMessage()]
+
+
+def test_tokenizer_without_byte_fallback_warns_of_unk(demo_config, text_dir, tmp_path,
+                                                      caplog):
+  """A tokenizer trained before byte fallback (English only) is reused, with a warning."""
+  import sentencepiece as spm  # only to make a tokenizer the old way
+  data_dir = tmp_path / "data"
+  (data_dir / "tokenizers").mkdir(parents=True)
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=(p for _, paras in python_docs.topic_documents() for p in paras),
+      model_prefix=str(data_dir / "tokenizers" / "bertjax_local_text_paragraphs"),
+      vocab_size=1000, pad_id=0, pad_piece="[PAD]", unk_id=1, unk_piece="[UNK]",
+      bos_id=-1, eos_id=-1, control_symbols=["[CLS]", "[SEP]", "[MASK]"],
+      num_threads=1, minloglevel=2)
+  config = _local_config(demo_config, _mixed_corpus(tmp_path, text_dir),
+                         dataset="bertjax_local_text/paragraphs", vocab_size=1000)
+  with caplog.at_level(logging.WARNING):
+    prepared = prepare.prepare(config, str(data_dir))
+  assert prepared.unk_rate["validation"] > prepare.UNK_WARN_RATE
+  warned = [r.getMessage() for r in caplog.records if "[UNK]" in r.getMessage()]
+  assert any(w.startswith("split validation is ") and "predates byte fallback" in w
+             and "--config.data_dir" in w and "\n" not in w for w in warned)

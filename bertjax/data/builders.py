@@ -6,7 +6,8 @@
   blank-line-separated block.
 * ``bertjax_tokenized``: the "tokenize once" output. One BuilderConfig per text
   source (its name is the source's ``source_key``); its metadata records the
-  tokenizer fingerprint, vocab size and source name. Variant-independent: no
+  tokenizer fingerprint, vocab size, source name and, per split, the number
+  of tokens and of [UNK] tokens. Variant-independent: no
   masks, no pairs, only ids, word starts and sentence boundaries. A config
   with ``knowledge_spans`` (ERNIE) gets its own BuilderConfig,
   ``<source_key>__knowledge``, whose shards add phrase and entity starts
@@ -338,7 +339,7 @@ class BertjaxTokenized(OfflineBuilder):
           vocab_size=self._tokenizer.vocab_size,
           source=self._source_name,
           split_names={split_key(s): s for s in self._sources},
-          num_tokens={})
+          num_tokens={}, num_unk={})
     features = {
         "tokens": tfds.features.Tensor(shape=(None,), dtype=np.int32),
         "word_starts": tfds.features.Tensor(shape=(None,), dtype=np.bool_),
@@ -374,14 +375,16 @@ class BertjaxTokenized(OfflineBuilder):
             for split, docs in self._sources.items()}
 
   def _generate_examples(self, split: str, docs: Callable[[], Iterable[Document]]):
-    count = tokens = 0
+    count = tokens = unknown = 0
     for index, example in tokenize_documents(docs(), self._tokenizer,
                                              self._marker):
       count += 1
       tokens += example["tokens"].size
+      unknown += int(np.count_nonzero(example["tokens"] == batch_lib.UNK_ID))
       yield index, example
     # DatasetInfo (metadata included) is written after all splits are generated.
     self.info.metadata["num_tokens"][split_key(split)] = tokens
+    self.info.metadata["num_unk"][split_key(split)] = unknown
     if not count:
       raise ValueError(
           f"Split {split!r} of {self._source_name} has no document with 2 or more "

@@ -34,6 +34,7 @@ import copy
 import threading
 from typing import Any, Iterator, Mapping, Sequence
 
+from absl import logging
 import grain
 import numpy as np
 
@@ -70,6 +71,35 @@ def _local_documents(source: Any, process_index: int,
         f"The split has {len(source)} documents, too few for host "
         f"{process_index} of {process_count}; prepare more data or use fewer hosts.")
   return docs
+
+
+def _draws_nsp_negatives(config: Any) -> bool:
+  """Whether the step will pair A with a B from another document (NSP)."""
+  return (config.layout == "sentence_pairs"
+          and float(config.get("nsp_negative_rate", 0.0) or 0.0) > 0)
+
+
+def _few_documents_message(config: Any, split: str, count: int) -> str:
+  return (f"Split {split!r} has {count} document(s), but NSP draws its negatives "
+          f"from other documents, so with fewer than 2 every pair is positive "
+          f"and NSP accuracy is a meaningless 1.0; add documents (more files, or "
+          f"--config.dataset=bertjax_local_text/paragraphs) or train a config "
+          f"without NSP such as configs/roberta.py or configs/spanbert.py.")
+
+
+def check_pair_documents(config: Any, split: str, count: int, *,
+                         refuse: bool) -> None:
+  """Refuses (training) or warns about (evaluation) NSP over < 2 documents.
+
+  Training is refused: a run would learn nothing from NSP and report 1.0.
+  Evaluation only warns, because it runs after training and its MLM figures
+  are still sound; the NSP accuracy it prints is then meaningless.
+  """
+  if count >= 2 or not _draws_nsp_negatives(config):
+    return
+  if refuse:
+    raise ValueError(_few_documents_message(config, split, count))
+  logging.warning("%s", _few_documents_message(config, split, count))
 
 
 class _ShuffledDocument(grain.experimental.MapWithIndexTransform):
@@ -322,6 +352,9 @@ def make_train_iterator(config: Any, source: Any, *, local_batch_size: int,
         f"local_batch_size={local_batch_size} and config.shuffle_window="
         f"{config.shuffle_window} must both be >= 1.")
   docs = _local_documents(source, process_index, process_count)
+  # NSP negatives come from other examples of this host's batch.
+  check_pair_documents(config, config.get("train_split", "train"), len(docs),
+                       refuse=True)
   ds = grain.MapDataset.range(len(docs)).repeat()
   ds = ds.map_with_index(_ShuffledDocument(docs, config.seed))
   read_options = grain.ReadOptions(
@@ -356,6 +389,8 @@ class EvalBatches:
     self._layout = None if self._cross_document else packing.get_layout(
         config.layout)
     _local_documents(source, process_index, process_count)
+    check_pair_documents(config, config.get("eval_split", "eval"), len(source),
+                         refuse=False)
     if local_batch_size < 1:
       raise ValueError(f"local_batch_size={local_batch_size} must be >= 1.")
     self._config = config

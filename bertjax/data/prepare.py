@@ -15,6 +15,13 @@
 and reuses (after checking) what is there, so a second call takes about a
 second. It never deletes anything: when something on disk does not match the
 config it raises a ValueError naming the mismatch and the fix, before any work.
+
+Every dataset it builds gets a manifest of its shards (size, sha256, records;
+``bertjax/data/shards.py``); reused shards are checked against their recorded
+sizes, and reading a damaged one raises a one-line ``DamagedShardError``.
+It logs the [UNK] rate of every split and warns above ``UNK_WARN_RATE``:
+bertjax's own tokenizers fall back to bytes, so only an older or imported
+tokenizer loses characters to [UNK].
 """
 
 from __future__ import annotations
@@ -31,9 +38,12 @@ import tensorflow_datasets as tfds
 from bertjax.data import builders
 from bertjax.data import knowledge
 from bertjax.data import sentences as sentences_lib
+from bertjax.data import shards
 from bertjax.data import tokenizer as tokenizer_lib
 
 OWN_DATASETS = ("bertjax_python_docs", "bertjax_local_text")
+# Above this fraction of [UNK] tokens in a split, prepare warns: text is lost.
+UNK_WARN_RATE = 0.001
 _TF_EXTRA_HINT = ("install the tf extra (pip install -e '.[tf]') or prepare it as "
                   "array_record (tfds build {name} --file_format=array_record)")
 
@@ -50,6 +60,8 @@ class PreparedData:
     splits: split name (as in the config) -> number of tokenized documents.
     tokenized_dir: the TFDS directory of the shards (bertjax_tokenized/<source>/<version>).
     num_tokens: split name -> number of tokens in its documents.
+    unk_rate: split name -> fraction of its tokens that are [UNK] (absent
+      for shards prepared before it was recorded).
   """
   data_dir: str
   tokenizer_path: str
@@ -58,6 +70,7 @@ class PreparedData:
   splits: dict[str, int]
   tokenized_dir: str = ""
   num_tokens: dict[str, int] = dataclasses.field(default_factory=dict)
+  unk_rate: dict[str, float] = dataclasses.field(default_factory=dict)
 
   def source(self, split: str):
     """Random access (``len``, ``[i]``) to a split's tokenized documents.
@@ -65,14 +78,19 @@ class PreparedData:
     Each item is a dict of numpy arrays: tokens int32 [n], word_starts bool [n],
     sentence_lengths int32 [s] with ``sum(sentence_lengths) == n``; shards
     prepared with ``config.knowledge_spans`` add phrase_starts and
-    entity_starts bool [n].
+    entity_starts bool [n]. A record that cannot be read raises
+    ``shards.DamagedShardError`` naming its shard.
     """
     if split not in self.splits:
       raise ValueError(
           f"Split {split!r} was not prepared (have {sorted(self.splits)}); set "
           f"--config.train_split/eval_split to one of them or prepare it.")
     builder = tfds.builder_from_directory(self.tokenized_dir)
-    return builder.as_data_source(builders.split_key(split))
+    key = builders.split_key(split)
+    info = builder.info.splits[key]
+    return shards.CheckedSource(
+        builder.as_data_source(key), [os.fspath(p) for p in info.filepaths],
+        info.shard_lengths, self.data_dir)
 
   def tokenizer(self):
     """The tokenizer the shards were made with."""
@@ -135,14 +153,19 @@ def _own_text_builder(config, data_dir: str) -> tfds.core.DatasetBuilder:
     start = time.time()
     logging.info("Building text dataset %s in %s ...", config.dataset, data_dir)
     builder.download_and_prepare()
+    shards.write_manifest(os.fspath(builder.data_path))
     logging.info("Built %s in %.1f s: %s", config.dataset, time.time() - start,
                  {k: v.num_examples for k, v in builder.info.splits.items()})
   return builder
 
 
-def _own_documents(builder, split: str) -> Callable[[], Iterator[builders.Document]]:
+def _own_documents(builder, split: str,
+                   data_dir: str) -> Callable[[], Iterator[builders.Document]]:
   def documents():
-    source = builder.as_data_source(split)
+    info = builder.info.splits[split]
+    source = shards.CheckedSource(
+        builder.as_data_source(split), [os.fspath(p) for p in info.filepaths],
+        info.shard_lengths, data_dir)
     for i in range(len(source)):
       record = source[i]
       yield (record["id"].decode("utf-8"),
@@ -216,7 +239,7 @@ def _text_sources(config, data_dir: str) -> dict[str, Callable[[], Iterator[buil
   if config.dataset.partition("/")[0] in OWN_DATASETS:
     builder = _own_text_builder(config, data_dir)
     _check_splits(config.dataset, builder.info.splits, wanted)
-    return {s: _own_documents(builder, s) for s in wanted}
+    return {s: _own_documents(builder, s, data_dir) for s in wanted}
   tfds_dir = _public_data_dir(config, data_dir)
   _check_splits(config.dataset, _public_splits(config, tfds_dir), wanted)
   return {s: _public_documents(config, s, tfds_dir) for s in wanted}
@@ -259,10 +282,13 @@ def _tokenizer(config, data_dir: str, key: str, train_docs) -> tokenizer_lib.Tok
           f"--config.vocab_size={tok.vocab_size} or point --config.data_dir at a "
           f"new directory.")
     model_type = tokenizer_lib.model_type_of(path)
-    if model_type != config.tokenizer:
+    if not tokenizer_lib.fits_config(model_type, config.tokenizer):
+      # 'unigram_bytes' is not a config value: every trained unigram has bytes.
+      fits = model_type if model_type in tokenizer_lib.MODEL_TYPES else (
+          model_type.removesuffix("_bytes"))
       raise ValueError(
-          f"Tokenizer {path} is a {model_type} model but config.tokenizer is "
-          f"{config.tokenizer!r}; set --config.tokenizer={model_type} or point "
+          f"Tokenizer {path} is a {fits} model but config.tokenizer is "
+          f"{config.tokenizer!r}; set --config.tokenizer={fits} or point "
           f"--config.data_dir at a new directory.")
     logging.info("Reusing tokenizer %s (vocab %d).", path, tok.vocab_size)
     return tok
@@ -329,20 +355,54 @@ def prepare(config, data_dir: str) -> PreparedData:
           f"settings or another gazetteer; point --config.data_dir at a new "
           f"directory (or restore the ernie_* fields and gazetteer they were "
           f"made with).")
+    # A stat per shard: truncation is refused here, before any device work.
+    shards.check_sizes(os.fspath(builder.data_path), data_dir)
     logging.info("Reusing tokenized shards %s.", builder.data_path)
   else:
     tok_start = time.time()
     logging.info("Tokenizing %s into %s ...", list(sources), builder.data_path)
     builder.download_and_prepare()
+    shards.write_manifest(os.fspath(builder.data_path))
     logging.info("Tokenized in %.1f s.", time.time() - tok_start)
     stored = builder.info
 
   splits = {s: stored.splits[builders.split_key(s)].num_examples for s in sources}
   num_tokens = {s: int(stored.metadata["num_tokens"][builders.split_key(s)])
                 for s in sources}
+  unk_rate = _report_unknown(tok, stored.metadata.get("num_unk", {}), num_tokens)
   logging.info("Prepared %s in %.1f s: %s documents, vocab %d.", config.dataset,
                time.time() - start, splits, tok.vocab_size)
   return PreparedData(
       data_dir=data_dir, tokenizer_path=tok.path, vocab_size=tok.vocab_size,
       fingerprint=tok.fingerprint, splits=splits,
-      tokenized_dir=os.fspath(builder.data_path), num_tokens=num_tokens)
+      tokenized_dir=os.fspath(builder.data_path), num_tokens=num_tokens,
+      unk_rate=unk_rate)
+
+
+def _report_unknown(tok, num_unk: dict[str, int], num_tokens: dict[str, int]
+                    ) -> dict[str, float]:
+  """Logs each split's [UNK] rate, warns above UNK_WARN_RATE; split -> rate."""
+  rates = {}
+  for split, tokens in num_tokens.items():
+    unknown = num_unk.get(builders.split_key(split))
+    if unknown is None:  # shards prepared before [UNK] counts were recorded
+      continue
+    rates[split] = rate = int(unknown) / max(tokens, 1)
+    logging.info("split %s: %.2f%% [UNK] of %d tokens", split, 100 * rate, tokens)
+    if rate > UNK_WARN_RATE:
+      logging.warning(
+          "split %s is %.2f%% [UNK] (%d of %d tokens), text the model never "
+          "sees: %s", split, 100 * rate, unknown, tokens, _unknown_cause(tok))
+  return rates
+
+
+def _unknown_cause(tok) -> str:
+  """Why a tokenizer yields [UNK], and the fix, for the warning."""
+  if getattr(tok, "byte_fallback", None) is False:
+    return (f"tokenizer {tok.path} predates byte fallback; point "
+            f"--config.data_dir at a new directory so that prepare trains one "
+            f"that has it.")
+  if isinstance(tok, tokenizer_lib.Tokenizer):
+    return f"tokenizer {tok.path} lacks pieces for some characters."
+  return (f"the imported tokenizer {tok.path} has no byte fallback; train on "
+          f"text its vocabulary covers.")

@@ -23,13 +23,15 @@ from sentencepiece import sentencepiece_model_pb2
 
 from bertjax import batch as batch_lib
 
-# config.tokenizer -> (sentencepiece model type, byte_fallback). 'bpe_bytes' is
-# RoBERTa's byte-level BPE as sentencepiece offers it: BPE whose unknown
-# characters fall back to their UTF-8 bytes (256 '<0x..>' pieces), so no text
-# maps to [UNK]. RoBERTa's <pad> <unk> <s> </s> <mask> are bertjax's fixed
-# [PAD] [UNK] [CLS] [SEP] [MASK] ids under their bertjax names.
-_MODEL_TYPES = {"unigram": ("unigram", False), "bpe": ("bpe", False),
-                "bpe_bytes": ("bpe", True)}
+# config.tokenizer -> sentencepiece model type. Every tokenizer bertjax trains
+# falls back to UTF-8 bytes (256 '<0x..>' pieces) for characters outside its
+# vocabulary, so no text maps to [UNK]: a run of unseen CJK characters would
+# otherwise collapse into one [UNK] and be lost. 'bpe_bytes' is RoBERTa's
+# byte-level BPE as sentencepiece offers it; it now trains exactly as 'bpe'
+# does, but also refuses an older 'bpe' model without byte fallback. RoBERTa's
+# <pad> <unk> <s> </s> <mask> are bertjax's fixed [PAD] [UNK] [CLS] [SEP]
+# [MASK] ids under their bertjax names.
+_MODEL_TYPES = {"unigram": "unigram", "bpe": "bpe", "bpe_bytes": "bpe"}
 MODEL_TYPES = tuple(_MODEL_TYPES)
 # Sentencepiece marks the start of a word (a piece preceded by whitespace) with this.
 WORD_START = "\u2581"
@@ -39,6 +41,7 @@ _TRAIN_SEED = 0
 # many sentences (in corpus order, so deterministic) are plenty for a vocab.
 MAX_TRAIN_SENTENCES = 2_000_000
 _TOO_HIGH = re.compile(r"Vocabulary size too high \((\d+)\).*?<= (\d+)", re.S)
+_TOO_LOW = re.compile(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)")
 
 
 def file_fingerprint(path: str) -> str:
@@ -50,14 +53,31 @@ def file_fingerprint(path: str) -> str:
   return digest.hexdigest()
 
 
-def model_type_of(path: str) -> str:
-  """The tokenizer type ('unigram', 'bpe', 'bpe_bytes', ...) of a .model file."""
+def _model_proto(path: str) -> sentencepiece_model_pb2.ModelProto:
   proto = sentencepiece_model_pb2.ModelProto()
   with open(path, "rb") as f:
     proto.ParseFromString(f.read())
-  name = sentencepiece_model_pb2.TrainerSpec.ModelType.Name(
-      proto.trainer_spec.model_type).lower()
-  return f"{name}_bytes" if proto.trainer_spec.byte_fallback else name
+  return proto
+
+
+def model_type_of(path: str) -> str:
+  """What a .model file is: 'unigram' or 'bpe', '_bytes' appended with byte fallback."""
+  spec = _model_proto(path).trainer_spec
+  name = sentencepiece_model_pb2.TrainerSpec.ModelType.Name(spec.model_type).lower()
+  return f"{name}_bytes" if spec.byte_fallback else name
+
+
+def fits_config(model_type: str, config_tokenizer: str) -> bool:
+  """Whether a model of ``model_type_of`` serves ``config.tokenizer``.
+
+  The sentencepiece types must agree; byte fallback is required only by
+  'bpe_bytes', so tokenizers trained before every bertjax tokenizer had byte
+  fallback still load under 'unigram' and 'bpe'.
+  """
+  base = model_type.removesuffix("_bytes")
+  if config_tokenizer == "bpe_bytes":
+    return model_type == "bpe_bytes"
+  return base == _MODEL_TYPES.get(config_tokenizer)
 
 
 class Tokenizer:
@@ -67,6 +87,8 @@ class Tokenizer:
     path: the ``.model`` file.
     vocab_size: number of ids, special tokens included.
     fingerprint: sha256 of the ``.model`` file.
+    byte_fallback: whether unknown characters become byte pieces (every
+      tokenizer bertjax trains) rather than [UNK] (older ones).
   """
 
   def __init__(self, model_path: str):
@@ -78,6 +100,7 @@ class Tokenizer:
     self._sp = spm.SentencePieceProcessor(model_file=model_path)
     self.vocab_size = self._sp.get_piece_size()
     self.fingerprint = file_fingerprint(model_path)
+    self.byte_fallback = _model_proto(model_path).trainer_spec.byte_fallback
     for want, piece in enumerate(batch_lib.SPECIAL_TOKENS):
       if self._sp.id_to_piece(want) != piece:
         raise ValueError(
@@ -93,7 +116,8 @@ class Tokenizer:
     """Tokenizes one text.
 
     Returns:
-      ids: int32 [n] token ids (never a control id; [UNK] for unknown characters).
+      ids: int32 [n] token ids (never a control id; byte pieces for unknown
+        characters, or [UNK] in a tokenizer without byte fallback).
       word_starts: bool [n], True where the piece begins a word ('\u2581...').
     """
     ids = np.asarray(self._sp.encode(text), dtype=np.int32)
@@ -131,7 +155,8 @@ def train(sentences: Iterable[str], model_path: str, vocab_size: int,
     sentences: training text, one sentence per item.
     model_path: where to write the ``.model`` file (written atomically).
     vocab_size: exact number of ids, the 5 special tokens included.
-    model_type: 'unigram', 'bpe' or 'bpe_bytes' (BPE with byte fallback).
+    model_type: 'unigram', 'bpe' or 'bpe_bytes' (the same as 'bpe'); all
+      three fall back to bytes for characters outside the vocabulary.
 
   Returns:
     The trained Tokenizer.
@@ -158,8 +183,8 @@ def train(sentences: Iterable[str], model_path: str, vocab_size: int,
     spm.SentencePieceTrainer.train(
         sentence_iterator=capped(),
         model_writer=model,
-        model_type=_MODEL_TYPES[model_type][0],
-        byte_fallback=_MODEL_TYPES[model_type][1],
+        model_type=_MODEL_TYPES[model_type],
+        byte_fallback=True,
         vocab_size=vocab_size,
         pad_id=batch_lib.PAD_ID, pad_piece="[PAD]",
         unk_id=batch_lib.UNK_ID, unk_piece="[UNK]",
@@ -175,6 +200,14 @@ def train(sentences: Iterable[str], model_path: str, vocab_size: int,
           f"The training corpus is too small for a {model_type} vocabulary of "
           f"{vocab_size}; set --config.vocab_size to at most {too_high.group(2)} "
           f"(or add text).") from None
+    too_low = _TOO_LOW.search(str(e))
+    if too_low:
+      # The specials, the 256 byte pieces and one piece per character of the
+      # corpus (character_coverage) must all fit.
+      raise ValueError(
+          f"A vocabulary of {vocab_size} cannot hold the special tokens, 256 "
+          f"byte pieces and the corpus's characters; set --config.vocab_size "
+          f"to at least {too_low.group(2)}.") from None
     if "empty" in str(e).lower() or "no sentence" in str(e).lower():
       raise ValueError(
           "The tokenizer's training corpus is empty; check --config.dataset / "

@@ -1,0 +1,237 @@
+"""Damaged shards: a manifest written at prepare time, checks, and one-line errors.
+
+Prepared shards are ArrayRecord (Riegeli) files. Riegeli hashes its chunks, so
+flipped bytes or a truncated file are detected when read, but as a
+``RuntimeError`` from deep inside grain that names neither the file nor what to
+do. This module turns such damage into a ``DamagedShardError`` (a ValueError,
+so the binaries print it as one line) naming the shard, its data_dir and the
+fix, and finds damage in three ways, from cheap to thorough:
+
+* ``check_sizes`` (every time ``prepare`` reuses shards, before any device
+  work): each shard exists with the size the manifest recorded. Catches
+  truncation and deletion in a few ``stat`` calls.
+* ``CheckedSource`` (while training and evaluating): the random-access source
+  the pipeline reads; an error reading a record becomes the one-line error of
+  the shard holding it. Catches flipped bytes when they are read.
+* ``verify`` (``python -m bertjax.prepare --verify``): every shard by both
+  checksum and full decode -- the sha256 and size against the manifest
+  (catches any change, even in bytes Riegeli does not hash) and every record
+  read and decoded, their number against TFDS's recorded shard lengths
+  (catches damage in shards prepared before manifests existed).
+
+The manifest, ``bertjax_shards.json`` in each dataset directory, maps shard
+file name -> {bytes, sha256, records}. It is written right after TFDS finishes
+a dataset, so it describes the shards as made. Shards are deterministic (same
+text and tokenizer give the same documents at the same indices; not the same
+bytes, as the serialized fields' order varies, so a re-prepared dataset gets a
+new manifest), so a damaged dataset is repaired by removing it and preparing
+again (``remove_damaged``, ``--repair``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shutil
+from typing import Any, Sequence
+
+from array_record.python import array_record_data_source
+import numpy as np
+import tensorflow_datasets as tfds
+
+MANIFEST = "bertjax_shards.json"
+# Datasets that prepare makes (and so can make again) under a data_dir.
+OWN_DATASETS = ("bertjax_python_docs", "bertjax_local_text", "bertjax_tokenized")
+# Records read per call when verifying: large enough to amortise the reads.
+_VERIFY_BATCH = 256
+
+
+class DamagedShardError(ValueError):
+  """A prepared shard cannot be read as prepare wrote it."""
+
+
+def damaged_message(path: str, data_dir: str, reason: str) -> str:
+  """The one line a user sees for a damaged shard."""
+  return (f"Shard {path} of data_dir {data_dir} is damaged ({reason}); "
+          f"re-prepare it with `python -m bertjax.prepare --repair` and the same "
+          f"--config and --workdir (`--verify` lists every damaged shard).")
+
+
+def short_reason(error: BaseException) -> str:
+  """Riegeli's first complaint without hash values: 'chunk data hash mismatch at byte 1180'."""
+  if not str(error):  # array_record's reader says nothing when it cannot open a file
+    return f"unreadable: {type(error).__name__}"
+  text = str(error).splitlines()[0]
+  text = text.replace("Corrupted Riegeli/records file: ", "")
+  text = re.sub(r" \(computed 0x\w+, stored 0x\w+\)", "", text)
+  text = re.sub(r", chunk at \d+( with length \d+)?", "", text)
+  text = re.sub(r";? at byte (\d+)", r" at byte \1", text)
+  return text.split(";")[0][:120]
+
+
+def _sha256(path: str) -> str:
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      digest.update(block)
+  return digest.hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+  """One shard file of a prepared dataset, as TFDS recorded it."""
+  dataset_dir: str
+  split: str
+  path: str
+  records: int
+
+
+def dataset_shards(dataset_dir: str) -> list[Shard]:
+  """The shard files of a TFDS dataset directory, per its dataset_info.json."""
+  info = tfds.builder_from_directory(dataset_dir).info
+  return [Shard(dataset_dir, name, os.fspath(path), int(n))
+          for name, split in info.splits.items()
+          for path, n in zip(split.filepaths, split.shard_lengths)]
+
+
+def write_manifest(dataset_dir: str) -> None:
+  """Records size, sha256 and record count of every shard of a freshly built dataset."""
+  manifest = {os.path.basename(s.path): {
+      "bytes": os.path.getsize(s.path), "sha256": _sha256(s.path),
+      "records": s.records} for s in dataset_shards(dataset_dir)}
+  tmp = os.path.join(dataset_dir, f".{MANIFEST}.tmp-{os.getpid()}")
+  with open(tmp, "w") as f:
+    json.dump(manifest, f, indent=1, sort_keys=True)
+  os.replace(tmp, os.path.join(dataset_dir, MANIFEST))
+
+
+def read_manifest(dataset_dir: str) -> dict[str, dict[str, Any]] | None:
+  """The manifest of a dataset, or None for shards prepared before manifests."""
+  path = os.path.join(dataset_dir, MANIFEST)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def _size_problem(shard: Shard, manifest: dict[str, Any] | None) -> str | None:
+  if not os.path.exists(shard.path):
+    return "the file is missing"
+  if manifest is None:
+    return None
+  want = manifest.get(os.path.basename(shard.path), {}).get("bytes")
+  have = os.path.getsize(shard.path)
+  if want is not None and have != want:
+    return f"{have} bytes where prepare wrote {want}"
+  return None
+
+
+def check_sizes(dataset_dir: str, data_dir: str) -> None:
+  """Raises DamagedShardError for a missing shard or one whose size changed."""
+  manifest = read_manifest(dataset_dir)
+  for shard in dataset_shards(dataset_dir):
+    problem = _size_problem(shard, manifest)
+    if problem:
+      raise DamagedShardError(damaged_message(shard.path, data_dir, problem))
+
+
+def _decode_problem(shard: Shard, features) -> str | None:
+  """Reads and decodes every record of one shard file; None when all is well."""
+  try:
+    reader = array_record_data_source.ArrayRecordDataSource([shard.path])
+    count = len(reader)
+    for start in range(0, count, _VERIFY_BATCH):
+      for record in reader.__getitems__(range(start, min(start + _VERIFY_BATCH, count))):
+        features.deserialize_example_np(record)
+  except Exception as e:  # pylint: disable=broad-except
+    # Whatever Riegeli or the feature decoder raise, the file is unreadable.
+    return short_reason(e)
+  if count != shard.records:
+    return f"{count} records where prepare wrote {shard.records}"
+  return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+  """The verdict on one shard: ``problem`` is None when it is intact."""
+  shard: Shard
+  problem: str | None
+  checksum: bool  # whether a recorded sha256 was compared
+
+
+def own_dataset_dirs(data_dir: str) -> list[str]:
+  """Directories of the datasets prepare made under data_dir (finished ones only)."""
+  found = []
+  for name in OWN_DATASETS:
+    for root, dirs, files in os.walk(os.path.join(data_dir, name)):
+      # TFDS builds in incomplete.* directories and renames them when done.
+      dirs[:] = sorted(d for d in dirs if not d.startswith("incomplete"))
+      if "dataset_info.json" in files:
+        found.append(root)
+  return found
+
+
+def verify(data_dir: str) -> list[Report]:
+  """Checks every shard of every dataset prepare made under data_dir; writes nothing."""
+  reports = []
+  for dataset_dir in own_dataset_dirs(data_dir):
+    manifest = read_manifest(dataset_dir)
+    builder = tfds.builder_from_directory(dataset_dir)
+    for shard in dataset_shards(dataset_dir):
+      recorded = (manifest or {}).get(os.path.basename(shard.path), {})
+      size = _size_problem(shard, manifest)
+      decoded = None if size == "the file is missing" else _decode_problem(
+          shard, builder.info.features)
+      digest = None
+      if size is None and "sha256" in recorded and (
+          _sha256(shard.path) != recorded["sha256"]):
+        digest = "sha256 differs from what prepare recorded"
+      # Most telling first: a size says truncated, Riegeli says where.
+      problem = size or decoded or digest
+      reports.append(Report(shard, problem, "sha256" in recorded))
+  return reports
+
+
+def remove_damaged(reports: Sequence[Report]) -> list[str]:
+  """Removes each dataset directory holding a damaged shard; returns them.
+
+  Only datasets prepare makes are ever verified, so ``prepare`` makes the
+  removed ones again, document for document.
+  """
+  removed = sorted({r.shard.dataset_dir for r in reports if r.problem})
+  for dataset_dir in removed:
+    shutil.rmtree(dataset_dir)
+  return removed
+
+
+class CheckedSource:
+  """Random access to a split's records that names the shard of a failed read.
+
+  Wraps a TFDS data source (``len``, ``source[i]``) for the pipeline; an error
+  from reading record ``i`` becomes a DamagedShardError naming the shard
+  holding ``i`` (shards hold consecutive records in TFDS's order).
+  """
+
+  def __init__(self, source: Any, shard_paths: Sequence[str],
+               shard_lengths: Sequence[int], data_dir: str):
+    self._source = source
+    self._paths = list(shard_paths)
+    self._ends = np.cumsum(shard_lengths)
+    self._data_dir = data_dir
+
+  def __len__(self) -> int:
+    return len(self._source)
+
+  def __getitem__(self, index: int) -> Any:
+    try:
+      return self._source[index]
+    except (IndexError, KeyError, TypeError):
+      raise  # a wrong index is the caller's bug, not damage
+    except Exception as e:  # pylint: disable=broad-except
+      shard = self._paths[min(int(np.searchsorted(self._ends, index, side="right")),
+                              len(self._paths) - 1)]
+      raise DamagedShardError(
+          damaged_message(shard, self._data_dir, short_reason(e))) from e
