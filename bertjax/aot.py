@@ -34,6 +34,7 @@ from absl import flags  # noqa: E402
 
 from bertjax import batch as batch_lib  # noqa: E402
 from bertjax import config_files  # noqa: E402
+from bertjax import config_validation  # noqa: E402
 from bertjax import flops  # noqa: E402
 from bertjax import models  # noqa: E402
 from bertjax import objectives  # noqa: E402
@@ -134,6 +135,7 @@ def compile_for_topology(config, topology: str) -> dict[str, Any]:
   import time
   devices = get_topology_devices(topology)
   mesh = sharding.make_mesh(config.mesh_shape, devices)
+  config_validation.check_sharded_dims(config, dict(mesh.shape))
   ways = sharding.batch_parallelism(mesh) * int(config.get("microbatches", 1))
   if config.batch_size % ways:
     raise ValueError(

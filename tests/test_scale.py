@@ -248,3 +248,13 @@ def test_aot_reports_a_plan_the_tpu_compiler_refuses(demo_config):
   verdict = aot.describe(record)
   assert "NOT fit" in verdict and f"{need / aot.GIB:.2f} GiB" in verdict
   assert "microbatches" in verdict
+
+
+@pytest.mark.skipif(_libtpu_missing_reason() is not None,
+                    reason=str(_libtpu_missing_reason()))
+def test_aot_refuses_a_tensor_axis_that_cannot_split_the_heads(demo_config):
+  from bertjax import aot
+  # Tiny BERT has 2 heads; a tensor axis of 4 cannot split them.
+  config = _config(demo_config, batch_size=8, mesh_shape="1,1,4")
+  with pytest.raises(ValueError, match=r"num_heads=2.*tensor"):
+    aot.compile_for_topology(config, "v5e:2x2")
