@@ -123,6 +123,11 @@ def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
   return out
 
 
+def field_names(config) -> list[str]:
+  """The (dotted) names of every field of ``config``."""
+  return sorted(_flatten(as_json(config)))
+
+
 def as_json(config) -> dict[str, Any]:
   """The config as its checkpoint stores it (JSON types: lists, not tuples)."""
   tree = config.to_dict() if hasattr(config, "to_dict") else dict(config)
