@@ -60,7 +60,9 @@ class WorkdirLock:
       fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
       raise _unwritable(self.workdir, e) from None
-    if not os.access(self.workdir, os.W_OK):  # an old lock file opens all the same
+    effective = os.access in os.supports_effective_ids
+    # An existing lock file opens all the same: the directory must be writable.
+    if not os.access(self.workdir, os.W_OK, effective_ids=effective):
       os.close(fd)
       raise _unwritable(self.workdir, PermissionError(errno.EACCES, "")) from None
     try:
