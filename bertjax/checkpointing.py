@@ -193,11 +193,15 @@ class Checkpointer:
           "another checkpoint, or run bertjax.main on the workdir to set it aside.")
 
   def _set_aside(self, step: int, reason: str) -> None:
-    aside = manifest_lib.set_aside(self.step_dir(step))
+    # Every host reaches the same verdict from the same files; only process 0
+    # renames, the others just stop considering the step.
+    if jax.process_index() == 0:
+      name = manifest_lib.set_aside(self.step_dir(step)).name
+    else:
+      name = f"{step}{manifest_lib.ASIDE_SUFFIX}"
     logging.warning("Checkpoint %d in %s is unusable (%s); moved it to %s and "
-                    "trying the previous one.", step, self.directory, reason,
-                    aside.name)
-    self.set_aside.append((step, reason, aside.name))
+                    "trying the previous one.", step, self.directory, reason, name)
+    self.set_aside.append((step, reason, name))
     self._verdicts.pop(step, None)
     self._manager.reload()
 
@@ -218,7 +222,8 @@ class Checkpointer:
     Raises:
       NoUsableCheckpoint: checkpoints existed but none is usable.
     """
-    for step in sorted(self.all_steps(), reverse=True):
+    gone = {s for s, _, _ in self.set_aside}
+    for step in sorted(set(self.all_steps()) - gone, reverse=True):
       verdict = self.verify(step)
       if verdict.status == manifest_lib.DAMAGED:
         self._set_aside(step, verdict.reason)

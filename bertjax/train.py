@@ -264,7 +264,7 @@ def train_and_evaluate(config, workdir: str, *,
     workdir = os.path.abspath(workdir)
     newest = checkpointing.newest_saved_config(workdir)
     if newest is not None:  # read-only: a refusal leaves the workdir as it was
-      step, saved, where = newest
+      _, saved, where = newest
       compat.check(saved, config, where)
     lock = workdir_lock.hold(workdir, jax.process_index())
     try:
