@@ -186,9 +186,13 @@ def load(path: str, step: int | None = None) -> Model:
   Returns:
     A Model.
   """
+  from bertjax import checkpointing
   from bertjax.convert import workdir as workdir_lib
   if os.path.isdir(os.path.join(path, "checkpoints")):
-    config, params, _ = workdir_lib.load_params(path, step)
+    # Reads without the workdir's lock (a run may be training there) and
+    # without orbax's notices about opening it read-only.
+    with checkpointing.quiet_read_only():
+      config, params, _ = workdir_lib.load_params(path, step)
     return Model(config, params, _workdir_tokenizer(config, os.path.abspath(path)))
   if _is_hf_dir(path):
     fields, params, initialised, _, tokenizer = workdir_lib.load_hf(path)

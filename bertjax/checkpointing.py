@@ -4,30 +4,145 @@ A checkpoint directory ``<workdir>/checkpoints/<step>/`` holds three items:
   state   the TrainState (params, optimizer state, step), sharded arrays
   data    the input pipeline's iterator state and the tokenizer's fingerprint
           (JSON)
-  config  the run's config (JSON), used to refuse a mismatched resume
+  config  the run's config (JSON), compared with a resumed run's config
+          (bertjax/compat.py) before anything is restored
+and ``bertjax_manifest.json``, the checksums of all its files
+(bertjax/checkpoint_manifest.py), written as soon as orbax has committed it.
+
 Orbax writes each checkpoint into a temporary directory and renames it when
-complete, so only fully written checkpoints are ever listed and restored.
+complete, so only fully written checkpoints are listed. Damage after that
+(flipped bytes, deleted or truncated files) is found by the checksums: such a
+checkpoint is renamed to ``<step>.unreadable`` (``.unreadable.1``, ... if that
+exists; kept, never deleted), with one warning line, and the previous one is
+tried. A restored state holding NaN/Inf is set aside the same way. When none
+is usable the run stops (``NoUsableCheckpoint``); it never starts from step 0
+on its own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging as std_logging
 import os
-from typing import Any
+import warnings
+from typing import Any, Callable
 
 import jax
 import orbax.checkpoint as ocp
 from absl import logging
+from etils import epath
 
-# Fields that fix the shapes of the parameters: a checkpoint can only be
-# resumed by a config that agrees on all of them.
-MODEL_SHAPE_FIELDS = ("model", "model_size", "vocab_size", "max_position_embeddings",
-                      "type_vocab_size", "num_layers", "hidden_size", "num_heads",
-                      "mlp_dim", "embedding_size", "layer_sharing", "sentence_head")
+from bertjax import checkpoint_manifest as manifest_lib
+from bertjax import state as state_lib
+
+ITEMS = ("state", "data", "config")
+
+
+class NoUsableCheckpoint(ValueError):
+  """Every checkpoint of the workdir was damaged and has been set aside."""
+
+
+class _SealingManager(ocp.CheckpointManager):
+  """A CheckpointManager that writes each checkpoint's manifest once committed.
+
+  ``_finalize_checkpoint`` runs after orbax has renamed the finished checkpoint
+  into place and before older ones are deleted, in orbax's background thread
+  (or inline for a synchronous save), and ``wait_until_finished`` waits for
+  it: the train loop never waits for the hashing.
+  """
+
+  def _finalize_checkpoint(self, step: int):
+    result = super()._finalize_checkpoint(step)
+    if jax.process_index() == 0:
+      step_dir = epath.Path(self.directory) / str(step)
+      try:
+        if step_dir.is_dir():
+          manifest_lib.write(step_dir)
+      except OSError as e:
+        logging.warning("Could not write the checksums of checkpoint %s (%s); it "
+                        "will be restored unverified.", step_dir, e)
+    return result
+
+
+# Orbax's notices on opening a checkpoint directory read-only: expected, not
+# worth a notebook user's attention on every ``bertjax.load``.
+_READ_ONLY_NOTICES = ("CheckpointManagerOptions.read_only=True, setting",
+                      "Given directory is read only=")
+
+
+class _DropNotices(std_logging.Filter):
+
+  def filter(self, record: std_logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(_READ_ONLY_NOTICES)
+
+
+@contextlib.contextmanager
+def quiet_read_only():
+  """Hides orbax's expected read-only notices and its "Sharding info not
+  provided" warning (params are restored where they fit); other warnings show."""
+  absl_logger = std_logging.getLogger("absl")
+  notices = _DropNotices()
+  absl_logger.addFilter(notices)
+  try:
+    with warnings.catch_warnings():
+      warnings.filterwarnings("ignore", message="Sharding info not provided")
+      yield
+  finally:
+    absl_logger.removeFilter(notices)
+
+
+class _Hold(std_logging.Filter):
+  """Holds back log records; ``replay`` emits them, or they are dropped."""
+
+  def __init__(self):
+    super().__init__()
+    self.records = []
+
+  def filter(self, record: std_logging.LogRecord) -> bool:
+    self.records.append(record)
+    return False
+
+
+@contextlib.contextmanager
+def _held_logs():
+  """Holds orbax's, asyncio's and root log records for one restore: replayed
+  when it succeeds, dropped when it fails (one bertjax line says why)."""
+  hold = _Hold()
+  loggers = [std_logging.getLogger(n) for n in ("absl", "asyncio", "")]
+  for logger in loggers:
+    logger.addFilter(hold)
+  ok = False
+  try:
+    yield
+    ok = True
+  finally:
+    for logger in loggers:
+      logger.removeFilter(hold)
+    if ok:
+      for record in hold.records:
+        std_logging.getLogger(record.name).handle(record)
+
+
+def newest_saved_config(workdir: str) -> tuple[int, dict[str, Any], str] | None:
+  """(step, saved config, 'The checkpoint at step ... in ...') of the newest
+  checkpoint whose config reads, or None; reads only, creates nothing.
+
+  Lets a run refuse a mismatched config before it takes the workdir's lock or
+  moves a damaged checkpoint aside.
+  """
+  directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+  for step in reversed(manifest_lib.committed_steps(directory)):
+    try:
+      saved = manifest_lib.read_json_item(epath.Path(directory) / str(step), "config")
+    except ValueError:
+      continue  # damaged: set aside once the run holds the workdir
+    return step, saved, f"The checkpoint at step {step} in {directory}"
+  return None
 
 
 class Checkpointer:
-  """Saves and restores the three items of a bertjax checkpoint."""
+  """Saves, verifies and restores the three items of a bertjax checkpoint."""
 
   def __init__(self, workdir: str, *, keep: int = 3, read_only: bool = False):
     self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
@@ -35,10 +150,16 @@ class Checkpointer:
       raise ValueError(
           f"No checkpoints under {self.directory}; train first with "
           "`python -m bertjax.main --workdir=...` or pass the workdir that has them.")
-    options = ocp.CheckpointManagerOptions(
-        max_to_keep=keep, create=not read_only, read_only=read_only)
-    self._manager = ocp.CheckpointManager(
-        self.directory, options=options, item_names=("state", "data", "config"))
+    if read_only:
+      options = ocp.CheckpointManagerOptions(
+          read_only=True, create=False, max_to_keep=None, save_interval_steps=0)
+    else:
+      options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
+    with quiet_read_only():
+      self._manager = _SealingManager(self.directory, options=options,
+                                      item_names=ITEMS)
+    self._verdicts: dict[int, manifest_lib.Verdict] = {}
+    self.set_aside: list[tuple[int, str, str]] = []  # (step, reason, new name)
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -46,39 +167,94 @@ class Checkpointer:
   def all_steps(self) -> list[int]:
     return list(self._manager.all_steps())
 
-  def saved_config(self, step: int) -> dict[str, Any]:
-    restored = self._manager.restore(
-        step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))
-    return dict(restored["config"])
+  def step_dir(self, step: int) -> epath.Path:
+    return epath.Path(self.directory) / str(step)
 
-  def check_compatible(self, config, step: int | None = None) -> None:
-    """Raises ValueError if the checkpoint was made by a differently shaped model."""
-    step = self.latest_step() if step is None else step
-    if step is None:
-      return
-    saved = self.saved_config(step)
-    for field in MODEL_SHAPE_FIELDS:
-      if field in saved and saved[field] != config.get(field):
-        raise ValueError(
-            f"The checkpoint at step {step} in {self.directory} was trained with "
-            f"{field}={saved[field]!r} but the config says {config.get(field)!r}; "
-            f"pass --config.{field}={saved[field]!r} to resume it, or use a new "
-            "--workdir for a different model.")
+  def saved_config(self, step: int) -> dict[str, Any]:
+    """The config the checkpoint of ``step`` was trained with."""
+    return manifest_lib.read_json_item(self.step_dir(step), "config")
+
+  def where(self, step: int) -> str:
+    """Names the checkpoint of ``step`` at the start of a message."""
+    return f"The checkpoint at step {step} in {self.directory}"
+
+  def verify(self, step: int) -> manifest_lib.Verdict:
+    """Checks ``step`` against its checksums (remembered for this run)."""
+    if step not in self._verdicts:
+      self._verdicts[step] = manifest_lib.verify(self.step_dir(step))
+    return self._verdicts[step]
+
+  def check_intact(self, step: int) -> None:
+    """Raises ValueError naming the damage; for readers that must not move it."""
+    verdict = self.verify(step)
+    if verdict.status == manifest_lib.DAMAGED:
+      raise ValueError(
+          f"{self.where(step)} is damaged: {verdict.reason}; pass --step with "
+          "another checkpoint, or run bertjax.main on the workdir to set it aside.")
+
+  def _set_aside(self, step: int, reason: str) -> None:
+    # Every host reaches the same verdict from the same files; only process 0
+    # renames, the others just stop considering the step.
+    if jax.process_index() == 0:
+      name = manifest_lib.set_aside(self.step_dir(step)).name
+    else:
+      name = f"{step}{manifest_lib.ASIDE_SUFFIX}"
+    logging.warning("Checkpoint %d in %s is unusable (%s); moved it to %s and "
+                    "trying the previous one.", step, self.directory, reason, name)
+    self.set_aside.append((step, reason, name))
+    self._verdicts.pop(step, None)
+    self._manager.reload()
+
+  def usable_step(self, accept: Callable[[int], None] | None = None, *,
+                  restart_from_scratch: bool = False) -> int | None:
+    """The newest checkpoint that verifies; damaged newer ones are set aside.
+
+    Args:
+      accept: called with the chosen step before it is returned; raises
+        (e.g. compat.IncompatibleCheckpoint) to refuse it. Nothing is moved
+        for a refusal.
+      restart_from_scratch: when every checkpoint was set aside (now or by an
+        earlier run), return None (train from step 0) instead of raising.
+
+    Returns:
+      The step, or None for a workdir without checkpoints.
+
+    Raises:
+      NoUsableCheckpoint: checkpoints existed but none is usable.
+    """
+    gone = {s for s, _, _ in self.set_aside}
+    for step in sorted(set(self.all_steps()) - gone, reverse=True):
+      verdict = self.verify(step)
+      if verdict.status == manifest_lib.DAMAGED:
+        self._set_aside(step, verdict.reason)
+        continue
+      if accept is not None:
+        accept(step)
+      return step
+    earlier = [n for n in manifest_lib.set_aside_names(self.directory)
+               if n not in {a for _, _, a in self.set_aside}]
+    if (self.set_aside or earlier) and not restart_from_scratch:
+      parts = [f"{s} -> {a} ({r})" for s, r, a in self.set_aside]
+      if earlier:
+        parts.append("set aside by an earlier run: " + ", ".join(earlier))
+      raise NoUsableCheckpoint(
+          f"No usable checkpoint in {self.directory}: {'; '.join(parts)}; pass "
+          "--config.restart_from_scratch=True to train from step 0 in this "
+          "workdir, or pass a new --workdir.")
+    return None
 
   def check_tokenizer(self, fingerprint: str, step: int | None = None) -> None:
     """Raises ValueError if the checkpoint was trained with another tokenizer."""
     step = self.latest_step() if step is None else step
     if step is None:
       return
-    saved = self._manager.restore(
-        step, args=ocp.args.Composite(data=ocp.args.JsonRestore()))["data"]
+    saved = manifest_lib.read_json_item(self.step_dir(step), "data")
     want = saved.get("tokenizer_fingerprint")
     if want and want != fingerprint:
       raise ValueError(
-          f"The checkpoint at step {step} in {self.directory} was trained with "
-          f"tokenizer {want[:12]} but the prepared data has tokenizer "
-          f"{fingerprint[:12]}; point --config.data_dir at the data it was "
-          "trained on, or use a new --workdir.")
+          f"{self.where(step)} was trained with tokenizer {want[:12]} but the "
+          f"prepared data has tokenizer {fingerprint[:12]}; point "
+          "--config.data_dir at the data it was trained on, or use a new --workdir.")
 
   def save(self, step: int, state, iterator_state: dict[str, Any], config,
            tokenizer_fingerprint: str, *, force: bool = False) -> bool:
@@ -106,27 +282,47 @@ class Checkpointer:
     logging.info("Restored checkpoint %d from %s", step, self.directory)
     return restored["state"], dict(restored["data"]["iterator"])
 
-  def restore_latest(self, abstract_state, shardings):
-    """Restores the newest readable checkpoint: (step, state, iterator state).
+  def restore_latest(self, abstract_state, shardings,
+                     accept: Callable[[int], None] | None = None, *,
+                     restart_from_scratch: bool = False):
+    """Restores the newest usable checkpoint: (step, state, iterator state).
 
-    A checkpoint that fails to restore (truncated or corrupted files) is
-    renamed to ``<step>.unreadable`` (kept for inspection, never deleted) with
-    a warning naming it, and the next older one is tried. Returns None when
-    there is no checkpoint at all.
+    Checkpoints that fail their checksums (``usable_step``) or hold NaN/Inf
+    are set aside and the previous one is tried. A checkpoint that verifies
+    but does not restore is not damaged: that raises ValueError and moves
+    nothing. Returns None when there is no checkpoint (or, with
+    ``restart_from_scratch``, none usable).
     """
-    for step in sorted(self.all_steps(), reverse=True):
+    while True:
+      step = self.usable_step(accept, restart_from_scratch=restart_from_scratch)
+      if step is None:
+        return None
       try:
-        state, iterator_state = self.restore(step, abstract_state, shardings)
-      except Exception as e:  # noqa: BLE001 — any unreadable checkpoint falls back
-        aside = os.path.join(self.directory, f"{step}.unreadable")
-        logging.warning("Checkpoint %s/%d is unreadable (%s: %s); moved it to %s "
-                        "and falling back to the previous one.", self.directory,
-                        step, type(e).__name__, str(e)[:200], aside)
-        os.rename(os.path.join(self.directory, str(step)), aside)
-        self._manager.reload()
+        with _held_logs():
+          state, iterator_state = self.restore(step, abstract_state, shardings)
+      except Exception as e:  # noqa: BLE001 — reported in one line, not guessed at
+        self._refuse_restore(step, e)
+      bad = state_lib.nonfinite_leaves(state)
+      if bad:
+        more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+        self._set_aside(step, f"NaN/Inf in {bad[0]}{more}")
         continue
       return step, state, iterator_state
-    return None
+
+  def _refuse_restore(self, step: int, error: Exception):
+    first = (str(error).strip().splitlines() or [""])[0][:200]
+    cause = f"{type(error).__name__}: {first}"
+    if self.verify(step).status == manifest_lib.OK:
+      raise ValueError(
+          f"{self.where(step)} is intact (its checksums match) but does not "
+          f"restore into the state this config builds ({cause}); resume it with "
+          "the config it was trained with, or pass a new --workdir.") from error
+    raise ValueError(
+        f"{self.where(step)} has no checksums (an older bertjax, or killed "
+        f"before they were written) and does not restore ({cause}); if it is "
+        f"damaged, move it aside (mv {self.step_dir(step)} "
+        f"{self.step_dir(step)}{manifest_lib.ASIDE_SUFFIX}) and run again to "
+        "resume from the previous one.") from error
 
   def wait(self) -> None:
     self._manager.wait_until_finished()
@@ -160,9 +356,9 @@ class BestCheckpoint:
     if self.best is not None and not loss < self.best["loss"]:
       return False
     if self._manager is None:
-      self._manager = ocp.CheckpointManager(
+      self._manager = _SealingManager(
           self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=1),
-          item_names=("state", "data", "config"))
+          item_names=ITEMS)
     data = {"iterator": iterator_state, "tokenizer_fingerprint": tokenizer_fingerprint}
     self._manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data),

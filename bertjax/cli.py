@@ -6,6 +6,8 @@ should see one sentence naming the field and the closest valid one instead.
 
 from __future__ import annotations
 
+import difflib
+import importlib.util
 import logging
 import os
 import re
@@ -45,6 +47,63 @@ def explain(error: BaseException) -> str:
   return f"Could not parse the flags ({type(error).__name__})."
 
 
+def unknown_field(config, path: str) -> str | None:
+  """One sentence for ``--config.<path>`` naming no field of ``config``, or None.
+
+  Names the closest field when there is one, else lists the fields of the
+  section where the path leaves the config.
+  """
+  node, section, parts = config, "config", path.split(".")
+  for i, part in enumerate(parts):
+    if not hasattr(node, "keys"):
+      return (f"Unknown config field {path!r}: {section} is a value, not a "
+              f"section; set --config.{'.'.join(parts[:i])}=... instead.")
+    fields = sorted(str(k) for k in node.keys())
+    if part not in fields:
+      close = difflib.get_close_matches(part, fields, n=1)
+      if close:
+        good = ".".join(parts[:i] + close)
+        return (f"Unknown config field {path!r}; did you mean --config.{good}? "
+                "Run with --helpfull to list the flags.")
+      return (f"Unknown config field {path!r}; the fields of {section} are: "
+              f"{', '.join(fields)}.")
+    node, section = node[part], f"{section}.{part}"
+  return None
+
+
+def _config_of(argv: list[str]):
+  """The config ``--config=FILE[:ARG]`` names, loaded as ml_collections does;
+  None if there is none or it fails to load (another message says why)."""
+  config = flags.FLAGS["config"].value if "config" in flags.FLAGS else None
+  if config is not None:
+    return config
+  for arg in argv[1:]:
+    if arg.startswith("--config="):
+      path, sep, config_arg = arg[len("--config="):].partition(":")
+      try:
+        spec = importlib.util.spec_from_file_location("_bertjax_cli_config", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.get_config(config_arg) if sep else module.get_config()
+      except Exception:  # noqa: BLE001
+        return None
+  return None
+
+
+def _unknown_override(argv: list[str]) -> str | None:
+  """The message for the first ``--config.X=`` of ``argv`` naming no field."""
+  config = _config_of(argv)
+  if config is None:
+    return None
+  for arg in argv[1:]:
+    match = re.match(r"--config\.([\w.]+)(=|$)", arg)
+    if match:
+      message = unknown_field(config, match.group(1))
+      if message:
+        return message
+  return None
+
+
 def parse_flags(argv: list[str]) -> list[str]:
   """absl flags_parser: parses ``argv``, or exits(2) with one clear sentence."""
   try:
@@ -54,7 +113,7 @@ def parse_flags(argv: list[str]) -> list[str]:
         getattr(flags.FLAGS, name).keys()
     return rest
   except Exception as e:  # noqa: BLE001 — every parse failure gets one sentence.
-    print(f"error: {explain(e)}", file=sys.stderr)
+    print(f"error: {_unknown_override(argv) or explain(e)}", file=sys.stderr)
     sys.exit(2)
 
 

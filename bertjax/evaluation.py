@@ -39,8 +39,13 @@ def eval_step(params, batch, rng, *, model, objective, vocab_size: int):
   return metrics, counts
 
 
-def evaluate_params(config, params, prepared, mesh, model, objective) -> dict[str, Any]:
-  """Evaluates ``params`` on ``config.eval_split``; returns the record."""
+def evaluate_params(config, params, prepared, mesh, model, objective, *,
+                    should_stop=None) -> dict[str, Any] | None:
+  """Evaluates ``params`` on ``config.eval_split``; returns the record.
+
+  ``should_stop``: checked before each batch; when it returns True the
+  evaluation is abandoned and None returned (a preempted run).
+  """
   from bertjax import train  # the host->global batch helper lives with the loop
   local_batch = config.batch_size // jax.process_count()
   batches = pipeline.make_eval_batches(
@@ -56,9 +61,13 @@ def evaluate_params(config, params, prepared, mesh, model, objective) -> dict[st
   sums, counts = None, None
   with mesh:
     for batch in batches:
+      if should_stop is not None and should_stop():
+        return None
       m, c = step_fn(params, train.to_global(batch, mesh), rng)
       sums = metrics_lib.add(sums, m)
       counts = c if counts is None else counts + c
+  if should_stop is not None and should_stop():
+    return None
   if sums is None:
     raise ValueError(
         f"The eval split {config.eval_split!r} gave no batches; use a larger "
@@ -85,6 +94,7 @@ def write_record(workdir: str, record: dict[str, Any]) -> str:
 def evaluate_checkpoint(config, workdir: str, step: int | None = None) -> dict[str, Any]:
   """Restores a checkpoint of ``workdir`` (latest by default) and evaluates it."""
   from bertjax import checkpointing
+  from bertjax import compat
   from bertjax import config_validation
   from bertjax import models
   from bertjax import objectives
@@ -104,7 +114,10 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None) -> dict[s
   elif step not in steps:
     raise ValueError(f"No checkpoint for step {step} in {checkpointer.directory}; "
                      f"pass --step as one of {sorted(steps)}.")
-  checkpointer.check_compatible(config, step)
+  checkpointer.check_intact(step)
+  # Evaluation reads only the parameters: just the layout has to agree.
+  compat.check(checkpointer.saved_config(step), config, checkpointer.where(step),
+               layout_only=True)
   prepared = prepare.prepare(config, prepare.resolve_data_dir(config, workdir))
   config_validation.check_prepared(config, prepared)
   checkpointer.check_tokenizer(prepared.fingerprint, step)

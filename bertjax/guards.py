@@ -1,11 +1,18 @@
 """Guards of the train loop: preemption and non-finite losses.
 
 Preemption: TPU VMs are preempted with SIGTERM; on pods JAX also offers a
-preemption sync point so that every host stops at the same step. Either way
-the loop saves a checkpoint at the current step, waits for it to commit and
-raises ``Preempted``; ``python -m bertjax.main`` then exits with status
-``EXIT_PREEMPTED`` (75, EX_TEMPFAIL: "try again"), and rerunning the same
-command resumes from that checkpoint.
+preemption sync point so that every host stops at the same step. Whenever it
+comes, the run ends with ``Preempted`` and ``python -m bertjax.main`` exits
+with status ``EXIT_PREEMPTED`` (75, EX_TEMPFAIL: "try again"); rerunning the
+same command goes on:
+  - before the first step (start-up, data preparation, restore): nothing new
+    to save, the newest checkpoint stays the newest;
+  - during training, or while a checkpoint is being written: a checkpoint of
+    the current step is saved and the loop waits for it to commit;
+  - during an evaluation: the evaluation is abandoned (the final one is rerun
+    by the next run), after the checkpoint of the step has committed.
+``bertjax.main`` calls ``catch_sigterm`` before its heavy imports, so a
+SIGTERM during start-up is remembered rather than fatal (exit 143).
 
 Non-finite loss: the train step never applies an update whose loss or
 gradient norm is NaN/Inf (it reports the step as skipped instead). With
@@ -20,43 +27,74 @@ from __future__ import annotations
 import signal
 import threading
 
-import jax
 from absl import logging
 
 EXIT_PREEMPTED = 75
 NONFINITE_MODES = ("stop", "skip")
 
+# Set by the SIGTERM handler; module-level so that a signal caught during
+# start-up (``catch_sigterm``) reaches the watcher created later.
+_SIGTERM = threading.Event()
+
 
 class Preempted(Exception):
-  """The run was preempted; a checkpoint of the current step was committed."""
+  """The run was preempted; what was saved is in the message."""
 
-  def __init__(self, step: int):
-    super().__init__(f"Preempted at step {step}; a checkpoint of that step was "
-                     "saved, run the same command again to resume.")
+  def __init__(self, step: int, message: str | None = None):
+    super().__init__(message or (
+        f"Preempted at step {step}; a checkpoint of that step was saved, run "
+        "the same command again to resume."))
     self.step = step
+
+  @classmethod
+  def before_first_step(cls, newest: int | None) -> "Preempted":
+    step = newest or 0
+    newest = ("no checkpoint yet" if newest is None
+              else f"the newest checkpoint is step {newest}")
+    return cls(step, f"Preempted before the first step; nothing new to save "
+                     f"({newest}), run the same command again to go on.")
+
+  @classmethod
+  def during_final_evaluation(cls, step: int) -> "Preempted":
+    return cls(step, f"Preempted during the final evaluation; the checkpoint of "
+                     f"step {step} is saved, run the same command again to "
+                     "evaluate it.")
 
 
 class NonFiniteLoss(ValueError):
   """The loss or gradient norm became NaN/Inf."""
 
 
+def _on_sigterm(signum, frame):
+  del frame
+  logging.warning("Received signal %d: stopping at the next safe point.", signum)
+  _SIGTERM.set()
+
+
+def catch_sigterm() -> None:
+  """Remembers SIGTERM instead of dying of it (main thread only)."""
+  if threading.current_thread() is threading.main_thread():
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+
 class PreemptionWatcher:
   """Notices SIGTERM (and, on pods, JAX's preemption sync point)."""
 
   def __init__(self):
-    self._event = threading.Event()
     self._previous = None
     if threading.current_thread() is threading.main_thread():
-      self._previous = signal.signal(signal.SIGTERM, self._on_signal)
+      self._previous = signal.signal(signal.SIGTERM, _on_sigterm)
 
-  def _on_signal(self, signum, frame):
-    del frame
-    logging.warning("Received signal %d: saving a checkpoint and stopping.", signum)
-    self._event.set()
+  @staticmethod
+  def signalled() -> bool:
+    """Whether this process got SIGTERM (no cross-host agreement)."""
+    return _SIGTERM.is_set()
 
   def should_stop(self, step: int) -> bool:
-    if self._event.is_set():
+    """Whether to stop after ``step``; on pods all hosts agree on it."""
+    if _SIGTERM.is_set():
       return True
+    import jax
     if jax.process_count() > 1:
       from jax.experimental import multihost_utils
       try:
@@ -69,6 +107,7 @@ class PreemptionWatcher:
     if self._previous is not None:
       signal.signal(signal.SIGTERM, self._previous)
       self._previous = None
+    _SIGTERM.clear()  # a later run in this process starts afresh
 
 
 class NonFiniteGuard:
@@ -85,6 +124,7 @@ class NonFiniteGuard:
 
   def check(self, step: int, skipped_flag) -> None:
     """``skipped_flag``: the step's metrics['skipped'] (sum, count) pair."""
+    import jax
     skipped = float(jax.device_get(skipped_flag[0])) > 0
     if not skipped:
       self.consecutive = 0

@@ -9,13 +9,17 @@ split. Override any config field with ``--config.FIELD=VALUE``.
 
 import os
 
-from absl import app
-from absl import flags
-
-from bertjax import cli
-from bertjax import config_files
 from bertjax import guards
-from bertjax import train
+
+# Before the heavy imports: a SIGTERM during start-up ends the run with
+# status 75 and a message, not with 143 (bertjax/guards.py).
+guards.catch_sigterm()
+
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+
+from bertjax import cli  # noqa: E402
+from bertjax import config_files  # noqa: E402
 
 _CONFIG = config_files.define_config_flag(
     "Config file, e.g. configs/bert.py:tiny (bertjax's own if not found here).")
@@ -38,6 +42,7 @@ def _multihost() -> bool:
 
 
 def main(argv):
+  from bertjax import train  # imports JAX: after the SIGTERM handler is set
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   if _multihost():

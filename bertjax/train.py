@@ -22,6 +22,7 @@ import optax
 from absl import logging
 
 from bertjax import checkpointing
+from bertjax import compat
 from bertjax import config_validation
 from bertjax import evaluation
 from bertjax import flops
@@ -32,6 +33,7 @@ from bertjax import objectives
 from bertjax import optim
 from bertjax import sharding
 from bertjax import state as state_lib
+from bertjax import workdir_lock
 from bertjax.data import pipeline
 from bertjax.data import prepare
 
@@ -235,6 +237,11 @@ def train_and_evaluate(config, workdir: str, *,
   """Prepares data if needed, trains (resuming from the latest checkpoint),
   then evaluates on the held-out split.
 
+  Before anything is written, the config is checked against the newest
+  checkpoint's (bertjax/compat.py); then the workdir is locked for the run
+  (bertjax/workdir_lock.py) and damaged checkpoints are set aside
+  (bertjax/checkpointing.py).
+
   Args:
     config: the run's ConfigDict (configs/*.py).
     workdir: where data (unless config.data_dir), checkpoints and metrics go.
@@ -244,14 +251,61 @@ def train_and_evaluate(config, workdir: str, *,
   Returns:
     The final evaluation record (also written to ``workdir/eval_<step>.json``),
     or None when stopped early.
+
+  Raises:
+    guards.Preempted: SIGTERM (or a pod's preemption notice) came; the
+      message says what was saved.
+    ValueError: bad input, refused with one sentence.
   """
-  config_validation.validate(config)
-  workdir = os.path.abspath(workdir)
+  preemption = guards.PreemptionWatcher()
+  try:
+    config_validation.validate(config)
+    compat.allowed(config)  # a misspelt allow_changes fails before anything
+    workdir = os.path.abspath(workdir)
+    newest = checkpointing.newest_saved_config(workdir)
+    if newest is not None:  # read-only: a refusal leaves the workdir as it was
+      _, saved, where = newest
+      compat.check(saved, config, where)
+    lock = workdir_lock.hold(workdir, jax.process_index())
+    try:
+      return _train_and_evaluate(config, workdir, stop_at_step, preemption)
+    finally:
+      if lock is not None:
+        lock.release()
+  finally:
+    preemption.close()
+
+
+def _train_and_evaluate(config, workdir, stop_at_step, preemption):
+  """``train_and_evaluate`` once the workdir is held."""
+  restart = bool(config.get("restart_from_scratch", False))
   checkpointer = checkpointing.Checkpointer(workdir, keep=config.keep_checkpoints)
-  checkpointer.check_compatible(config)
+  logged = set()
+
+  def compatible(step):
+    changes = compat.check(checkpointer.saved_config(step), config,
+                           checkpointer.where(step))
+    if step not in logged:
+      logged.add(step)
+      for change in changes:
+        logging.info("Resuming with %s (%s).", change.describe(),
+                     "allowed by --config.allow_changes"
+                     if change.kind != compat.SAFE else "safe to change")
+
+  start = checkpointer.usable_step(compatible, restart_from_scratch=restart)
+  if start is not None:
+    if restart:
+      logging.warning("--config.restart_from_scratch has no effect: checkpoint %d "
+                      "is usable and is resumed.", start)
+    verified = checkpointer.verify(start).status == "ok"
+    logging.info("Resuming from the checkpoint at step %d (%s).", start,
+                 "checksums verified" if verified else "no checksums to verify")
+  if preemption.should_stop(start or 0):
+    raise guards.Preempted.before_first_step(start)
   prepared = prepare.prepare(config, prepare.resolve_data_dir(config, workdir))
   config_validation.check_prepared(config, prepared)
-  checkpointer.check_tokenizer(prepared.fingerprint)
+  if start is not None:
+    checkpointer.check_tokenizer(prepared.fingerprint, start)
   mesh = sharding.make_mesh(config.mesh_shape)
   config_validation.check_mesh(config, mesh)
 
@@ -264,8 +318,13 @@ def train_and_evaluate(config, workdir: str, *,
       config, prepared.source(config.train_split), local_batch_size=local_batch,
       process_index=jax.process_index(), process_count=jax.process_count())
 
+  def acceptable(step):
+    compatible(step)
+    checkpointer.check_tokenizer(prepared.fingerprint, step)
+
   abstract, shardings = state_lib.state_shardings(model, tx, config, mesh)
-  restored = checkpointer.restore_latest(abstract, shardings)
+  restored = checkpointer.restore_latest(abstract, shardings, acceptable,
+                                         restart_from_scratch=restart)
   if restored is None:
     state, shardings = state_lib.create_train_state(model, tx, config, mesh)
     logging.info("Initialised %s-%s with %d parameters.", config.model,
@@ -276,6 +335,8 @@ def train_and_evaluate(config, workdir: str, *,
       train_iter.set_state(data_state)
     logging.info("Resuming from step %d.", latest)
   step = int(jax.device_get(state.step))
+  if preemption.should_stop(step):
+    raise guards.Preempted.before_first_step(None if restored is None else step)
 
   step_fn = make_train_step(model, objective, tx, shardings, mesh,
                             debug_nan_step=config.debug_nan_step,
@@ -284,15 +345,22 @@ def train_and_evaluate(config, workdir: str, *,
   writer = metrics_lib.MetricWriter(workdir)
   progress = _Progress(config, step)
   best = checkpointing.BestCheckpoint(workdir)
-  preemption = guards.PreemptionWatcher()
   nonfinite = guards.NonFiniteGuard(config.nonfinite, config.max_consecutive_skips)
+  # Evaluations stop early on this process's SIGTERM; on pods the hosts could
+  # disagree, so there only the per-step sync point stops the run.
+  eval_stop = preemption.signalled if jax.process_count() == 1 else None
   last = config.num_train_steps if stop_at_step is None else min(
       stop_at_step, config.num_train_steps)
-  acc, pending, previous = None, None, None
+  acc, pending, previous, saved_step = None, None, None, None
 
   def save(step, state):
+    nonlocal previous, saved_step
+    if previous is not None:
+      nonfinite.check(*previous)  # never checkpoint a step that went bad
+      previous = None
     checkpointer.save(step, state, train_iter.get_state(), config,
                       prepared.fingerprint)
+    saved_step = step
 
   try:
     with mesh:
@@ -313,24 +381,27 @@ def train_and_evaluate(config, workdir: str, *,
           pending, acc = (step, acc, _batch_hash(host_batch)), None
         stopping = preemption.should_stop(step)
         if step % config.checkpoint_every_steps == 0 or step == last or stopping:
-          nonfinite.check(*previous)  # never checkpoint a step that went bad
-          previous = None
           save(step, state)
+        if not stopping and config.eval_every_steps and (
+            step % config.eval_every_steps == 0):
+          record = evaluation.evaluate_params(config, state.params, prepared, mesh,
+                                              model, objective, should_stop=eval_stop)
+          if record is None:  # SIGTERM during the evaluation
+            stopping = True
+            if saved_step != step:
+              save(step, state)
+          else:
+            writer.write(step, record, prefix="eval_")
+            best.offer(step, record.get("loss", record["mlm_loss"]), state,
+                       train_iter.get_state(), config, prepared.fingerprint)
         if stopping:
           checkpointer.wait()
           raise guards.Preempted(step)
-        if config.eval_every_steps and step % config.eval_every_steps == 0:
-          record = evaluation.evaluate_params(config, state.params, prepared, mesh,
-                                              model, objective)
-          writer.write(step, record, prefix="eval_")
-          best.offer(step, record.get("loss", record["mlm_loss"]), state, train_iter.get_state(), config,
-                     prepared.fingerprint)
       if previous is not None:
         nonfinite.check(*previous)
       if pending is not None:
         _write_train_metrics(writer, progress, schedule, *pending)
   finally:
-    preemption.close()
     writer.close()
     checkpointer.close()
     best.close()
@@ -338,10 +409,12 @@ def train_and_evaluate(config, workdir: str, *,
     logging.info("Stopped at step %d with a checkpoint; run again to resume.", step)
     return None
 
-  writer = metrics_lib.MetricWriter(workdir)
   record = evaluation.evaluate_params(config, state.params, prepared, mesh, model,
-                                      objective)
+                                      objective, should_stop=eval_stop)
+  if record is None:
+    raise guards.Preempted.during_final_evaluation(step)
   record = {"step": step, **record}
+  writer = metrics_lib.MetricWriter(workdir)
   writer.write(step, {k: v for k, v in record.items() if k != "step"}, prefix="eval_")
   writer.close()
   evaluation.write_record(workdir, record)

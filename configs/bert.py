@@ -100,6 +100,13 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   c.eval_every_steps = 0  # 0 = only at the end of training
   c.eval_max_batches = 0  # 0 = the whole held-out split
   c.eval_seed = 1234  # fixed masking seed of evaluation
+  # Resuming with a changed data-stream or schedule field (seq_len, batch_size,
+  # seed, masking, learning_rate, ...; table in bertjax/compat.py) is refused
+  # unless listed here, comma-separated: 'seq_len,batch_size'.
+  c.allow_changes = ""
+  # When every checkpoint was damaged and set aside, train from step 0 instead
+  # of stopping (never done without this).
+  c.restart_from_scratch = False
 
   # --- guards (bertjax/guards.py) --------------------------------------------
   c.nonfinite = "stop"  # NaN/Inf loss: 'stop' at once | 'skip' the update

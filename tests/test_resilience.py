@@ -227,3 +227,63 @@ def test_best_checkpoint_by_held_out_loss_is_kept_apart(tmp_path, demo_config,
   assert kept == [str(best_step)]
   # The rolling checkpoints keep only the newest one; the best is apart.
   assert checkpointing.Checkpointer(str(tmp_path)).all_steps() == [12]
+
+
+def _start(args, tmp_path):
+  """Starts a binary with stdout and stderr going to files (read while it runs)."""
+  out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+  proc = subprocess.Popen(args, cwd=ROOT, stdout=open(out, "w"),
+                          stderr=open(err, "w"), text=True)
+  return proc, out, err
+
+
+def _shows(path, text):
+  return lambda: text in path.read_text()
+
+
+def test_sigterm_before_the_first_step_exits_75_and_changes_nothing(
+    tmp_path, reference, demo_config, demo_data):
+  ref_dir, _ = reference
+  workdir = str(tmp_path / "work")
+  shutil.copytree(ref_dir, workdir)
+  before = sorted(os.listdir(os.path.join(workdir, "checkpoints")))
+  rows_before = len(read_metrics(workdir))
+  config = run_config(demo_config, demo_data, num_train_steps=40)
+  proc, out, err = _start(cli_args(config, workdir), tmp_path)
+  wait_for(_shows(err, f"Resuming from the checkpoint at step {STEPS}"), proc)
+  proc.send_signal(signal.SIGTERM)
+  assert proc.wait(timeout=120) == guards.EXIT_PREEMPTED, err.read_text()[-3000:]
+  assert out.read_text().strip().splitlines()[-1] == (
+      f"Preempted before the first step; nothing new to save (the newest "
+      f"checkpoint is step {STEPS}), run the same command again to go on.")
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == before
+  assert len(read_metrics(workdir)) == rows_before
+  # The rerun goes on from there.
+  train.train_and_evaluate(config, workdir, stop_at_step=STEPS + 1)
+  assert [r["step"] for r in read_metrics(workdir)][-1] == STEPS + 1
+
+
+def test_sigterm_during_the_final_evaluation_exits_75_and_rerun_evaluates(
+    tmp_path, reference, demo_config, demo_data):
+  ref_dir, ref_record = reference
+  workdir = str(tmp_path / "work")
+  shutil.copytree(ref_dir, workdir)
+  for step in range(13, STEPS + 1):  # the run still has steps 13-16 to go
+    shutil.rmtree(os.path.join(workdir, "checkpoints", str(step)),
+                  ignore_errors=True)
+  os.remove(os.path.join(workdir, f"eval_{STEPS}.json"))
+  config = run_config(demo_config, demo_data, eval_max_batches=0)
+  proc, out, err = _start(cli_args(config, workdir), tmp_path)
+  wait_for(_shows(out, f"step {STEPS}/{STEPS} "), proc)
+  proc.send_signal(signal.SIGTERM)
+  assert proc.wait(timeout=120) == guards.EXIT_PREEMPTED, err.read_text()[-3000:]
+  assert out.read_text().strip().splitlines()[-1] == (
+      f"Preempted during the final evaluation; the checkpoint of step {STEPS} is "
+      "saved, run the same command again to evaluate it.")
+  assert not os.path.exists(os.path.join(workdir, f"eval_{STEPS}.json"))
+  checkpointer = checkpointing.Checkpointer(workdir)
+  assert checkpointer.all_steps()[-1] == STEPS
+  assert checkpointer.verify(STEPS).status == "ok"  # committed and sealed
+  record = train.train_and_evaluate(
+      run_config(demo_config, demo_data, eval_max_batches=0), workdir)
+  assert record["step"] == STEPS and record["num_tokens"] >= ref_record["num_tokens"]

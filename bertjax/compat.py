@@ -1,0 +1,227 @@
+"""Which config changes a resumed run accepts: the one compatibility table.
+
+A checkpoint records the config it was trained with. Before anything is
+restored, ``check`` compares it with the config of the new run, field by
+field, and each field's kind in ``FIELDS`` decides:
+
+  layout  the saved state, or the model it belongs to, would not be the same
+          (model, sizes, objective, optimizer, scan_layers, vocabulary,
+          tokenizer ...): refused, with no override. Resuming would fail or,
+          worse, load weights into the wrong places.
+  stream  the data stream, masks or schedule of the remaining steps change
+          (seq_len, batch_size, seed, masking, learning_rate ...): refused
+          unless ``--config.allow_changes=field,...`` names the field, and then
+          logged. The run would no longer be the one that was started.
+  safe    loop cadence, evaluation, devices, paths (num_train_steps,
+          checkpoint_every_steps, eval_*, mesh_shape, microbatches ...): just
+          apply, with an info line.
+
+A field missing from the table is treated like a stream field (refused unless
+allowed): bertjax cannot know what it changes, the user can. The tests check
+that every field of every shipped config is in the table, so a new field
+cannot be forgotten. A field one of the two configs lacks compares as its
+``DEFAULTS`` value (what the code assumes when the field is absent) or, when
+there is none, as absent.
+
+Nested configs compare by dotted path (``model.hidden_size``); the table is
+looked up by the full path first and then by the last component.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Mapping
+
+LAYOUT = "layout"
+STREAM = "stream"
+SAFE = "safe"
+
+_LAYOUT_FIELDS = (
+    "model", "model_size", "objective", "optimizer", "scan_layers", "vocab_size",
+    "tokenizer", "max_position_embeddings", "type_vocab_size", "num_layers",
+    "hidden_size", "num_heads", "mlp_dim", "embedding_size", "layer_sharing",
+    "sentence_head", "hidden_act", "layer_norm_eps",
+    # What an import from Hugging Face records (bertjax/convert/workdir.py).
+    "hf_special_ids", "hf_model_type", "hf_position_offset")
+_STREAM_FIELDS = (
+    # data source and packing
+    "dataset", "text_files", "text_feature", "train_split", "layout",
+    "short_seq_prob", "pair_chunking", "shuffle_window", "seq_len", "batch_size",
+    "seed",
+    # masking and the sentence/span objectives' corruption
+    "masking", "mask_rate", "max_predictions_per_seq", "mask_token_rate",
+    "random_token_rate", "dupe_factor", "whole_word_masking", "nsp_negative_rate",
+    "sop_swap_rate", "max_ngram", "max_span_length", "sbo_max_offset",
+    "span_geometric_p", "knowledge_spans", "attend_across_documents",
+    "ernie_level_rates", "ernie_max_phrase_words", "ernie_phrase_min_count",
+    "ernie_phrase_min_pmi", "ernie_entity_min_count", "ernie_gazetteer",
+    # numerics and the optimizer's schedule
+    "dropout_rate", "attention_dropout_rate", "dtype", "learning_rate",
+    "warmup_steps", "adam_b1", "adam_b2", "adam_eps", "weight_decay",
+    "grad_clip_norm")
+_SAFE_FIELDS = (
+    # Paths move; what they hold is checked by the tokenizer fingerprint.
+    "data_dir", "tokenizer_path", "hf_kept_tensors",
+    # Only used when initialising, which a resumed run does not do.
+    "initializer_range",
+    # Devices and memory: the same update (accumulation is exact).
+    "mesh_shape", "microbatches", "remat",
+    # The loop's cadence and length, evaluation, guards.
+    "num_train_steps", "log_every_steps", "checkpoint_every_steps",
+    "keep_checkpoints", "eval_split", "eval_every_steps", "eval_max_batches",
+    "eval_seed", "nonfinite", "max_consecutive_skips", "debug_nan_step",
+    "allow_changes", "restart_from_scratch")
+
+# The one table: config field -> LAYOUT, STREAM or SAFE.
+FIELDS: dict[str, str] = {
+    **{f: LAYOUT for f in _LAYOUT_FIELDS},
+    **{f: STREAM for f in _STREAM_FIELDS},
+    **{f: SAFE for f in _SAFE_FIELDS},
+}
+
+# What the code assumes for a field a config lacks (``config.get(f, default)``),
+# so that a checkpoint written before the field existed still compares equal.
+DEFAULTS: dict[str, Any] = {
+    "optimizer": "adamw", "scan_layers": False, "sentence_head": True,
+    "hidden_act": "gelu", "layer_norm_eps": 1e-12, "pair_chunking": "bert",
+    "max_ngram": 1, "knowledge_spans": False, "attend_across_documents": False,
+    "initializer_range": 0.02, "microbatches": 1, "remat": "none",
+    "allow_changes": "", "restart_from_scratch": False,
+}
+
+_ABSENT = "(absent)"
+
+
+class IncompatibleCheckpoint(ValueError):
+  """The config differs from the checkpoint's in a field that is refused."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+  field: str
+  saved: Any
+  new: Any
+  kind: str
+
+  def describe(self) -> str:
+    return f"{self.field} {_show(self.saved)} -> {_show(self.new)}"
+
+
+def kind_of(field: str) -> str | None:
+  """The table's kind of a (possibly dotted) field name, None if unclassified."""
+  return FIELDS.get(field, FIELDS.get(field.rsplit(".", 1)[-1]))
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, Mapping):
+      out.update(_flatten(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = value
+  return out
+
+
+def field_names(config) -> list[str]:
+  """The (dotted) names of every field of ``config``."""
+  return sorted(_flatten(as_json(config)))
+
+
+def as_json(config) -> dict[str, Any]:
+  """The config as its checkpoint stores it (JSON types: lists, not tuples)."""
+  tree = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+  return json.loads(json.dumps(tree))
+
+
+def _lookup(flat: Mapping[str, Any], field: str) -> Any:
+  if field in flat:
+    return flat[field]
+  return DEFAULTS.get(field.rsplit(".", 1)[-1], _ABSENT)
+
+
+def _show(value: Any) -> str:
+  return value if value is _ABSENT else repr(value)
+
+
+def _cli(value: Any) -> str:
+  """A value as it is written after ``--config.FIELD=``."""
+  if isinstance(value, str):
+    return value
+  if isinstance(value, list):
+    return repr(tuple(value))
+  return repr(value)
+
+
+def differences(saved: Mapping[str, Any], config) -> list[Change]:
+  """Every field whose value differs between the saved config and ``config``."""
+  old, new = _flatten(saved), _flatten(as_json(config))
+  changes = []
+  for field in sorted(set(old) | set(new)):
+    a, b = _lookup(old, field), _lookup(new, field)
+    if a != b:
+      changes.append(Change(field, a, b, kind_of(field) or STREAM))
+  return changes
+
+
+def allowed(config) -> set[str]:
+  """The fields named by ``config.allow_changes`` ('seq_len,batch_size')."""
+  text = str(config.get("allow_changes", "") or "")
+  names = {n.strip() for n in text.split(",") if n.strip()}
+  known = set(_flatten(as_json(config))) | set(FIELDS)
+  for name in sorted(names):
+    if name not in known:
+      raise ValueError(
+          f"config.allow_changes names {name!r}, which is not a config field; "
+          "set --config.allow_changes to a comma-separated list of fields such "
+          "as seq_len,batch_size.")
+  return names
+
+
+def check(saved: Mapping[str, Any], config, where: str, *,
+          layout_only: bool = False) -> list[Change]:
+  """Refuses a resume whose config changes the layout or, unallowed, the stream.
+
+  Args:
+    saved: the config the checkpoint was trained with (its JSON).
+    config: the new run's ConfigDict.
+    where: names the checkpoint in messages ('The checkpoint at step 20 in ...').
+    layout_only: refuse layout changes only (evaluating a checkpoint).
+
+  Returns:
+    The accepted changes (safe ones and allowed stream ones), for the log.
+
+  Raises:
+    IncompatibleCheckpoint: one sentence naming the fields, both values and
+      the ways out.
+  """
+  changes = differences(saved, config)
+  layout = [c for c in changes if c.kind == LAYOUT]
+  if layout:
+    raise IncompatibleCheckpoint(
+        f"{where} was trained with {_listing(layout, 'saved')} but the config "
+        f"says {_listing(layout, 'new')}, which changes the saved state's "
+        f"layout; keep {_flags(layout)} to resume it, or pass a new --workdir "
+        "to train this config from scratch.")
+  if layout_only:
+    return changes
+  ok = allowed(config)
+  refused = [c for c in changes if c.kind == STREAM and c.field not in ok]
+  if refused:
+    names = ",".join(c.field for c in refused)
+    raise IncompatibleCheckpoint(
+        f"{where} was trained with {_listing(refused, 'saved')} but the config "
+        f"says {_listing(refused, 'new')}, which changes the data stream or "
+        f"schedule of the resumed run; keep {_flags(refused)} to resume it as "
+        f"it was, pass --config.allow_changes={names} to resume with the "
+        "change, or pass a new --workdir.")
+  return changes
+
+
+def _listing(changes: list[Change], side: str) -> str:
+  return ", ".join(f"{c.field}={_show(getattr(c, side))}" for c in changes)
+
+
+def _flags(changes: list[Change]) -> str:
+  return " ".join(f"--config.{c.field}={_cli(c.saved)}" for c in changes
+                  if c.saved is not _ABSENT) or "the checkpoint's config"

@@ -1,0 +1,107 @@
+"""One training run per workdir, and a workdir that can be written.
+
+``bertjax.main`` holds an exclusive ``fcntl.flock`` on ``<workdir>/.bertjax.lock``
+for the life of the run; the file's text names the holder (pid, host, start
+time) so that a second run is refused with one sentence naming it. The
+operating system drops the lock when the process dies, however it dies, so a
+``kill -9`` never blocks the next run. The file itself stays (removing a lock
+file races with the next taker); its text changes with each run.
+
+Limits: only local (and NFS) paths are locked; a ``gs://`` workdir cannot be,
+and on a multi-host pod only process 0 takes the lock. Worker processes
+forked while the lock is held (data preparation) inherit it and hold it until
+they exit. ``bertjax.evaluate`` and ``bertjax.load`` only read and take no lock.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import socket
+import time
+
+LOCK_FILE = ".bertjax.lock"
+
+
+class WorkdirBusy(ValueError):
+  """Another live run holds the workdir."""
+
+
+def _unwritable(workdir: str, error: OSError) -> ValueError:
+  if isinstance(error, (NotADirectoryError, FileExistsError)) or (
+      os.path.exists(workdir) and not os.path.isdir(workdir)):
+    return ValueError(
+        f"--workdir={workdir} is a file, or lies under one, not a directory; "
+        "pass the path of a directory (it is created if missing).")
+  reason = os.strerror(error.errno) if error.errno else type(error).__name__
+  return ValueError(
+      f"Cannot write to the workdir {workdir} ({reason.lower()}); make it "
+      "writable or pass another --workdir.")
+
+
+class WorkdirLock:
+  """The run's hold on its workdir; ``release`` (or process death) ends it."""
+
+  def __init__(self, workdir: str):
+    self.workdir = workdir
+    self.path = os.path.join(workdir, LOCK_FILE)
+    self._fd = None
+
+  def acquire(self) -> "WorkdirLock":
+    """Creates the workdir if needed and takes the lock.
+
+    Raises:
+      ValueError: the workdir is a file or cannot be written.
+      WorkdirBusy: another live process holds it.
+    """
+    try:
+      os.makedirs(self.workdir, exist_ok=True)
+      fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+      raise _unwritable(self.workdir, e) from None
+    effective = os.access in os.supports_effective_ids
+    # An existing lock file opens all the same: the directory must be writable.
+    if not os.access(self.workdir, os.W_OK, effective_ids=effective):
+      os.close(fd)
+      raise _unwritable(self.workdir, PermissionError(errno.EACCES, "")) from None
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+      holder = os.pread(fd, 400, 0).decode("utf-8", "replace").strip()
+      os.close(fd)
+      if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+        raise _unwritable(self.workdir, e) from None
+      raise WorkdirBusy(
+          f"Another bertjax run ({holder or 'unknown process'}) is training in "
+          f"the workdir {self.workdir}; wait for it to end or stop it, or pass "
+          "another --workdir.") from None
+    text = (f"pid {os.getpid()} on host {socket.gethostname()}, started "
+            f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n").encode()
+    try:
+      os.ftruncate(fd, 0)
+      os.pwrite(fd, text, 0)
+    except OSError as e:
+      os.close(fd)
+      raise _unwritable(self.workdir, e) from None
+    self._fd = fd
+    return self
+
+  def release(self) -> None:
+    if self._fd is not None:
+      fcntl.flock(self._fd, fcntl.LOCK_UN)
+      os.close(self._fd)
+      self._fd = None
+
+  def __enter__(self):
+    return self.acquire()
+
+  def __exit__(self, *exc):
+    self.release()
+
+
+def hold(workdir: str, process_index: int = 0) -> WorkdirLock | None:
+  """Takes the workdir's lock on process 0 of a local path; None elsewhere."""
+  if "://" in workdir or process_index != 0:
+    return None
+  return WorkdirLock(workdir).acquire()
