@@ -59,7 +59,9 @@ _STREAM_FIELDS = (
     # numerics and the optimizer's schedule
     "dropout_rate", "attention_dropout_rate", "dtype", "learning_rate",
     "warmup_steps", "adam_b1", "adam_b2", "adam_eps", "weight_decay",
-    "grad_clip_norm")
+    "grad_clip_norm",
+    # segment ids all 0 (imported RoBERTa, bertjax/convert/roberta.py)
+    "single_segment")
 _SAFE_FIELDS = (
     # Paths move; what they hold is checked by the tokenizer fingerprint.
     "data_dir", "tokenizer_path", "hf_kept_tensors",
@@ -87,7 +89,7 @@ DEFAULTS: dict[str, Any] = {
     "hidden_act": "gelu", "layer_norm_eps": 1e-12, "pair_chunking": "bert",
     "max_ngram": 1, "knowledge_spans": False, "attend_across_documents": False,
     "initializer_range": 0.02, "microbatches": 1, "remat": "none",
-    "allow_changes": "", "restart_from_scratch": False,
+    "allow_changes": "", "restart_from_scratch": False, "single_segment": False,
 }
 
 _ABSENT = "(absent)"
