@@ -287,3 +287,17 @@ def test_sigterm_during_the_final_evaluation_exits_75_and_rerun_evaluates(
   record = train.train_and_evaluate(
       run_config(demo_config, demo_data, eval_max_batches=0), workdir)
   assert record["step"] == STEPS and record["num_tokens"] >= ref_record["num_tokens"]
+
+
+def test_checkpoint_of_8_devices_loads_in_a_one_device_process(reference):
+  # A notebook on one CPU reads what a mesh of 8 devices wrote.
+  workdir, _ = reference
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env["PYTHONPATH"] = ROOT
+  code = ("import jax, bertjax; assert jax.device_count() == 1; "
+          "m = bertjax.load(%r); h = m.encode(['The cat sat.'])['hidden']; "
+          "import numpy as np; assert np.isfinite(h).all(); print(h.shape)") % workdir
+  proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert proc.stdout.strip().startswith("(1, ")

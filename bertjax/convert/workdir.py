@@ -243,13 +243,20 @@ def load_params(workdir: str, step: int | None = None) -> tuple[dict[str, Any], 
                      f"pass --step as one of {sorted(steps)}.")
   config = checkpointer.saved_config(step)
   checkpointer.close()
-  shapes = core.param_shapes(core.build_model(config))
+  # Every array lands on this process's first device: the checkpoint may come
+  # from a mesh of devices this process does not have (8 TPU chips, a laptop).
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  shapes = jax.tree.map(
+      lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device),
+      core.param_shapes(core.build_model(config)))
   manager = ocp.CheckpointManager(
       os.path.join(os.path.abspath(workdir), "checkpoints"),
       options=ocp.CheckpointManagerOptions(read_only=True),
       item_names=("state", "data", "config"))
+  item = {"params": shapes}
   restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-      item={"params": shapes}, partial_restore=True)))
+      item=item, partial_restore=True,
+      restore_args=ocp.checkpoint_utils.construct_restore_args(item))))
   manager.close()
   params = jax.tree.map(np.asarray, restored["state"]["params"])
   return config, params, step
