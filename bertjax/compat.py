@@ -16,6 +16,10 @@ field, and each field's kind in ``FIELDS`` decides:
           checkpoint_every_steps, eval_*, mesh_shape, microbatches ...): just
           apply, with an info line.
 
+A checkpoint of step 0 (what ``bertjax.convert --from_hf`` writes) has
+consumed no data and no schedule, so only its layout is checked: continued
+pretraining picks its own data, batch and schedule.
+
 A field missing from the table is treated like a stream field (refused unless
 allowed): bertjax cannot know what it changes, the user can. The tests check
 that every field of every shipped config is in the table, so a new field

@@ -264,8 +264,8 @@ def train_and_evaluate(config, workdir: str, *,
     workdir = os.path.abspath(workdir)
     newest = checkpointing.newest_saved_config(workdir)
     if newest is not None:  # read-only: a refusal leaves the workdir as it was
-      _, saved, where = newest
-      compat.check(saved, config, where)
+      newest_step, saved, where = newest
+      compat.check(saved, config, where, layout_only=newest_step == 0)
     lock = workdir_lock.hold(workdir, jax.process_index())
     try:
       return _train_and_evaluate(config, workdir, stop_at_step, preemption)
@@ -283,8 +283,11 @@ def _train_and_evaluate(config, workdir, stop_at_step, preemption):
   logged = set()
 
   def compatible(step):
+    # A checkpoint of step 0 (an import by bertjax.convert) has consumed no
+    # data and no schedule: any stream may start from it, only the layout
+    # must match.
     changes = compat.check(checkpointer.saved_config(step), config,
-                           checkpointer.where(step))
+                           checkpointer.where(step), layout_only=step == 0)
     if step not in logged:
       logged.add(step)
       for change in changes:
