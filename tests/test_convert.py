@@ -2,7 +2,6 @@
 tokenizers that give transformers' ids, and a pretrained bertjax model loaded
 by transformers."""
 
-import hashlib
 import json
 import os
 
@@ -14,6 +13,7 @@ import pytest
 from bertjax import batch as batch_lib
 from bertjax.convert import rules as R
 from bertjax.convert import workdir as workdir_lib
+from tree_snapshot import tree_hash
 
 torch = pytest.importorskip("torch", reason="parity tests need torch (the hf extra)")
 transformers = pytest.importorskip(
@@ -177,21 +177,6 @@ def test_unsupported_checkpoints_are_refused(hf_bert, tmp_path):
     workdir_lib.load_hf(str(partial))
 
 
-def _tree(path):
-  """{relative path: sha256 of the bytes, or 'dir'} under ``path``; None if absent."""
-  if not os.path.exists(path):
-    return None
-  out = {}
-  for root, dirs, files in os.walk(path):
-    for name in dirs:
-      out[os.path.relpath(os.path.join(root, name), path)] = "dir"
-    for name in files:
-      full = os.path.join(root, name)
-      with open(full, "rb") as f:
-        out[os.path.relpath(full, path)] = hashlib.sha256(f.read()).hexdigest()
-  return out
-
-
 @pytest.mark.parametrize("problem", ["mlm_tensor", "mask_token"])
 def test_refused_import_leaves_the_workdir_as_it_was(hf_bert, tmp_path, demo_config,
                                                      problem):
@@ -219,10 +204,10 @@ def test_refused_import_leaves_the_workdir_as_it_was(hf_bert, tmp_path, demo_con
   (existing / "tokenizer").mkdir()
   (existing / "tokenizer" / "vocab.txt").write_text("an older one")
   for workdir in (existing, tmp_path / "new" / "workdir"):
-    before = _tree(str(workdir))
+    before = tree_hash(str(workdir))
     with pytest.raises(ValueError, match=message):
       workdir_lib.import_hf(str(bad), str(workdir), demo_config)
-    assert _tree(str(workdir)) == before, workdir
+    assert tree_hash(str(workdir)) == before, workdir
   assert not (tmp_path / "new").exists()
   assert sorted(os.listdir(tmp_path)) == ["existing", "hf"]
 

@@ -5,16 +5,13 @@ bit-identical state (damaged newer ones set aside, one warning line each), or
 a one-line refusal that leaves the workdir byte-for-byte unchanged.
 """
 
-import hashlib
 import importlib
 import logging
 import os
 import pkgutil
 import shutil
 import subprocess
-import sys
 
-import jax
 import numpy as np
 import pytest
 
@@ -28,6 +25,7 @@ from bertjax import train
 
 from test_resilience import assert_states_equal, cli_args, restore
 from test_train import small_config
+from tree_snapshot import tree_hash
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -53,19 +51,6 @@ def workdir(tmp_path, trained):
   path = str(tmp_path / "work")
   shutil.copytree(trained, path)
   return path
-
-
-def tree_hash(path):
-  """Every file and directory under ``path``, with the SHA-256 of each file."""
-  out = {}
-  for dirpath, dirs, files in os.walk(path):
-    for name in dirs:
-      out[os.path.relpath(os.path.join(dirpath, name), path)] = "dir"
-    for name in files:
-      full = os.path.join(dirpath, name)
-      with open(full, "rb") as f:
-        out[os.path.relpath(full, path)] = hashlib.sha256(f.read()).hexdigest()
-  return out
 
 
 def ckpt(workdir, step):

@@ -7,7 +7,6 @@ import logging
 import os
 import signal
 import subprocess
-import time
 import warnings
 
 import pytest
@@ -23,7 +22,7 @@ from bertjax import train
 from bertjax import workdir_lock
 
 from test_resilience import cli_args, wait_for
-from test_resume_faults import tiny, tree_hash
+from test_resume_faults import tiny
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
