@@ -296,7 +296,10 @@ def _tokenizer(config, data_dir: str, key: str, train_docs) -> tokenizer_lib.Tok
   logging.info("Training a %s tokenizer (vocab %d) on %s %s ...", config.tokenizer,
                config.vocab_size, config.dataset, config.train_split)
   sentences = (s for _, sents in train_docs() for s in sents)
-  tok = tokenizer_lib.train(sentences, path, config.vocab_size, config.tokenizer)
+  tok = tokenizer_lib.train(
+      sentences, path, config.vocab_size, config.tokenizer,
+      sample_size=config.get("tokenizer_sample_sentences",
+                              tokenizer_lib.MAX_TRAIN_SENTENCES))
   logging.info("Trained tokenizer %s in %.1f s.", path, time.time() - start)
   return tok
 
