@@ -39,6 +39,7 @@ from bertjax.data import builders
 from bertjax.data import knowledge
 from bertjax.data import sentences as sentences_lib
 from bertjax.data import shards
+from bertjax.data import tokenize_workers
 from bertjax.data import tokenizer as tokenizer_lib
 
 OWN_DATASETS = ("bertjax_python_docs", "bertjax_local_text")
@@ -338,7 +339,8 @@ def prepare(config, data_dir: str) -> PreparedData:
       file_format=builders.FILE_FORMAT, sources=sources, tokenizer=tok,
       source_name=config.dataset, knowledge=spans,
       fit_split=config.train_split,
-      knowledge_dir=os.path.join(data_dir, "knowledge", key))
+      knowledge_dir=os.path.join(data_dir, "knowledge", key),
+      workers=tokenize_workers.resolve_workers(config.get("prepare_workers", 0)))
   if builder.is_prepared():
     stored = tfds.builder_from_directory(builder.data_path).info
     fingerprint = stored.metadata.get("tokenizer_fingerprint")
