@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from bertjax.data import prepare
+from bertjax.data import progress
 from bertjax.data import python_docs
 from bertjax.data import tokenize_workers
 
@@ -40,3 +41,12 @@ def test_shards_do_not_depend_on_worker_count(demo_config, tmp_path, monkeypatch
 def test_negative_workers_say_what_to_do():
   with pytest.raises(ValueError, match="prepare_workers"):
     tokenize_workers.resolve_workers(-1)
+
+
+def test_progress_line_counts_documents_and_rate(caplog):
+  docs = [(str(i), ["x" * 1000]) for i in range(5)]
+  with caplog.at_level("INFO"):
+    assert list(progress.counted(docs, "train", total=10, interval_s=0)) == docs
+  lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("train:")]
+  assert lines[-1].startswith("train: 5/10 documents, 0.0 MB of text,")
+  assert "MB/s, ETA" in lines[-1]

@@ -35,6 +35,7 @@ import tensorflow_datasets as tfds
 
 from bertjax import batch as batch_lib
 from bertjax.data import knowledge as knowledge_lib
+from bertjax.data import progress
 from bertjax.data import python_docs
 from bertjax.data import sentences as sentences_lib
 from bertjax.data import tokenize_workers
@@ -359,7 +360,8 @@ class BertjaxTokenized(OfflineBuilder):
 
   def _generate_examples(self, split: str, docs: Callable[[], Iterable[Document]]):
     count = tokens = unknown = 0
-    for index, example in tokenize_documents(docs(), self._tokenizer,
+    texts = progress.counted(docs(), f"Tokenizing {self._source_name} {split}")
+    for index, example in tokenize_documents(texts, self._tokenizer,
                                              self._marker, self._workers):
       count += 1
       tokens += example["tokens"].size
