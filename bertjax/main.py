@@ -12,8 +12,11 @@ import os
 from bertjax import guards
 
 # Before the heavy imports: a SIGTERM during start-up ends the run with
-# status 75 and a message, not with 143 (bertjax/guards.py).
-guards.catch_sigterm()
+# status 75 and a message, not with 143 (bertjax/guards.py). Only when run as
+# the program: prepare's worker processes (multiprocessing 'spawn') import this
+# module again as __mp_main__, and must die of the SIGTERM their pool sends.
+if __name__ == "__main__":
+  guards.catch_sigterm()
 
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
