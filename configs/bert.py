@@ -37,11 +37,6 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   c.eval_split = "validation"
   c.tokenizer = "unigram"  # sentencepiece model type: 'unigram' | 'bpe'
   c.vocab_size = 8000 if size == "tiny" else 30522
-  # Sentences of train_split the tokenizer trains on: a fixed-seed uniform
-  # (reservoir) sample of the whole split, so sorted corpora train on all parts.
-  c.tokenizer_sample_sentences = 2_000_000
-  # Processes that tokenize for prepare; 0 = all cores. Shards do not depend on it.
-  c.prepare_workers = 0
   c.layout = "sentence_pairs"  # packing layout of bertjax.data.pipeline
   c.short_seq_prob = 0.1  # BERT: 10% of pairs get a shorter random target length
   c.pair_chunking = "bert"  # or 'whole_sentences' (bertjax/data/packing.py)

@@ -142,33 +142,3 @@ def test_bad_tokenizer_settings(tmp_path, small_corpus):
     tokenizer_lib.train(small_corpus, str(tmp_path / "v.model"), 5)
   with pytest.raises(ValueError, match="does not exist"):
     tokenizer_lib.Tokenizer(str(tmp_path / "missing.model"))
-
-
-def test_sample_is_uniform_deterministic_and_whole_when_small():
-  stream = [f"s{i}" for i in range(10_000)]
-  a = list(tokenizer_lib.sample_sentences(stream, 1000))
-  assert a == list(tokenizer_lib.sample_sentences(iter(stream), 1000))
-  assert len(a) == 1000 and a == sorted(a, key=lambda s: int(s[1:]))
-  # Uniform: each tenth of the stream holds about a tenth of the sample.
-  tenths = np.bincount([int(s[1:]) // 1000 for s in a], minlength=10)
-  assert tenths.min() > 60 and tenths.max() < 140, tenths
-  assert list(tokenizer_lib.sample_sentences(stream[:50] + [" "], 1000)) == stream[:50]
-
-
-def test_sorted_corpus_tokenizer_sees_the_last_source(tmp_path, small_corpus):
-  # Sources sorted as files would be: the pydoc topics, then a Greek source.
-  # Training on the first sentences (the old cap) never reaches it, so its
-  # letters become byte pieces; the uniform sample gives them pieces of their own.
-  last = [f"\u03b1\u03b2\u03b3 \u03b4\u03b5\u03b6 \u03b7\u03b8 {i}" for i in range(400)]
-  corpus = small_corpus + last
-  sample = len(corpus) // 2
-  assert sample < len(small_corpus)
-  greek = "\u03b1\u03b2\u03b3 \u03b4\u03b5\u03b6 \u03b7\u03b8"
-
-  def byte_pieces(tok):
-    return [p for p in map(tok.id_to_piece, tok.encode(greek)[0]) if p.startswith("<0x")]
-
-  tok = tokenizer_lib.train(corpus, str(tmp_path / "s.model"), 500, sample_size=sample)
-  assert not byte_pieces(tok)
-  first = tokenizer_lib.train(corpus[:sample], str(tmp_path / "f.model"), 500)
-  assert byte_pieces(first)

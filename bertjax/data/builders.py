@@ -35,15 +35,15 @@ import tensorflow_datasets as tfds
 
 from bertjax import batch as batch_lib
 from bertjax.data import knowledge as knowledge_lib
-from bertjax.data import progress
 from bertjax.data import python_docs
 from bertjax.data import sentences as sentences_lib
-from bertjax.data import tokenize_workers
 from bertjax.data import tokenizer as tokenizer_lib
 
 FILE_FORMAT = "array_record"
 # Fraction of the user's documents held out for validation, by hash of their id.
 LOCAL_VALIDATION_FRACTION = 0.05
+# Documents tokenized per sentencepiece batch call.
+_ENCODE_CHUNK = 256
 
 # A text document as the tokenizer step sees it: (document id, sentences).
 Document = tuple[str, list[str]]
@@ -264,23 +264,43 @@ class BertjaxLocalText(OfflineBuilder):
 
 
 def tokenize_documents(docs: Iterable[Document], tok: tokenizer_lib.Tokenizer,
-                       marker: knowledge_lib.Marker | None = None,
-                       workers: int = 1
+                       marker: knowledge_lib.Marker | None = None
                        ) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
-  """Tokenizes documents into shard examples, by ``workers`` processes.
+  """Tokenizes documents into shard examples, in batches for speed.
 
   Yields:
     (index of the document in ``docs``, example) for every document with at
-    least 2 tokens, in document order whatever ``workers`` is; example:
-    tokens int32 [n], word_starts bool [n], sentence_lengths int32 [s] (empty
-    sentences dropped, sum == n), and with a ``marker`` also phrase_starts
-    and entity_starts bool [n] (marked here, in this process).
+    least 2 tokens; example: tokens int32 [n], word_starts bool [n],
+    sentence_lengths int32 [s] (empty sentences dropped, sum == n), and with
+    a ``marker`` also phrase_starts and entity_starts bool [n].
   """
   reader = knowledge_lib.WordReader(tok) if marker is not None else None
-  for index, example in tokenize_workers.encode_documents(docs, tok, workers):
-    if marker is not None:
-      example.update(marker.mark(example, reader))
-    yield index, example
+
+  def flush(chunk):
+    flat = [s for _, sents in chunk for s in sents]
+    encoded = iter(tok.encode_batch(flat))
+    for index, sents in chunk:
+      pieces = [next(encoded) for _ in sents]
+      pieces = [p for p in pieces if p.size]
+      tokens = np.concatenate(pieces) if pieces else np.zeros([0], np.int32)
+      if tokens.size < 2:
+        continue
+      example = {
+          "tokens": tokens,
+          "word_starts": tok.word_starts(tokens),
+          "sentence_lengths": np.array([p.size for p in pieces], np.int32),
+      }
+      if marker is not None:
+        example.update(marker.mark(example, reader))
+      yield index, example
+
+  chunk = []
+  for index, (_, sents) in enumerate(docs):
+    chunk.append((index, sents))
+    if len(chunk) == _ENCODE_CHUNK:
+      yield from flush(chunk)
+      chunk = []
+  yield from flush(chunk)
 
 
 class BertjaxTokenized(OfflineBuilder):
@@ -288,8 +308,7 @@ class BertjaxTokenized(OfflineBuilder):
 
   Construct with ``config=tfds.core.BuilderConfig(name=source_key(dataset))``;
   for building also pass ``sources`` (split name -> callable returning an
-  iterable of Documents), ``tokenizer``, ``source_name`` and ``workers``
-  (tokenizing processes; the shards do not depend on it). With
+  iterable of Documents), ``tokenizer`` and ``source_name``. With
   ``knowledge`` (name ``source_key + KNOWLEDGE_SUFFIX``) the phrase chunker
   and default entities are fitted on split ``fit_split`` first, their lists
   written to ``knowledge_dir``, and every example gets phrase and entity
@@ -302,10 +321,8 @@ class BertjaxTokenized(OfflineBuilder):
                tokenizer: tokenizer_lib.Tokenizer | None = None,
                source_name: str = "",
                knowledge: knowledge_lib.Settings | None = None,
-               fit_split: str = "", knowledge_dir: str = "", workers: int = 1,
-               **kwargs):
+               fit_split: str = "", knowledge_dir: str = "", **kwargs):
     self._sources = sources or {}
-    self._workers = workers
     self._tokenizer = tokenizer
     self._source_name = source_name
     self._knowledge = knowledge
@@ -347,8 +364,7 @@ class BertjaxTokenized(OfflineBuilder):
     if self._knowledge is not None:
       self._marker = knowledge_lib.fit(
           (ex for _, ex in tokenize_documents(self._sources[self._fit_split](),
-                                              self._tokenizer,
-                                              workers=self._workers)),
+                                              self._tokenizer)),
           knowledge_lib.WordReader(self._tokenizer), self._knowledge)
       logging.info("Knowledge units: %d phrases, %d entities (lists in %s).",
                    len(self._marker.phrases), len(self._marker.entities),
@@ -360,9 +376,8 @@ class BertjaxTokenized(OfflineBuilder):
 
   def _generate_examples(self, split: str, docs: Callable[[], Iterable[Document]]):
     count = tokens = unknown = 0
-    texts = progress.counted(docs(), f"Tokenizing {self._source_name} {split}")
-    for index, example in tokenize_documents(texts, self._tokenizer,
-                                             self._marker, self._workers):
+    for index, example in tokenize_documents(docs(), self._tokenizer,
+                                             self._marker):
       count += 1
       tokens += example["tokens"].size
       unknown += int(np.count_nonzero(example["tokens"] == batch_lib.UNK_ID))

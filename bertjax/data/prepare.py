@@ -39,7 +39,6 @@ from bertjax.data import builders
 from bertjax.data import knowledge
 from bertjax.data import sentences as sentences_lib
 from bertjax.data import shards
-from bertjax.data import tokenize_workers
 from bertjax.data import tokenizer as tokenizer_lib
 
 OWN_DATASETS = ("bertjax_python_docs", "bertjax_local_text")
@@ -297,10 +296,7 @@ def _tokenizer(config, data_dir: str, key: str, train_docs) -> tokenizer_lib.Tok
   logging.info("Training a %s tokenizer (vocab %d) on %s %s ...", config.tokenizer,
                config.vocab_size, config.dataset, config.train_split)
   sentences = (s for _, sents in train_docs() for s in sents)
-  tok = tokenizer_lib.train(
-      sentences, path, config.vocab_size, config.tokenizer,
-      sample_size=config.get("tokenizer_sample_sentences",
-                              tokenizer_lib.MAX_TRAIN_SENTENCES))
+  tok = tokenizer_lib.train(sentences, path, config.vocab_size, config.tokenizer)
   logging.info("Trained tokenizer %s in %.1f s.", path, time.time() - start)
   return tok
 
@@ -339,8 +335,7 @@ def prepare(config, data_dir: str) -> PreparedData:
       file_format=builders.FILE_FORMAT, sources=sources, tokenizer=tok,
       source_name=config.dataset, knowledge=spans,
       fit_split=config.train_split,
-      knowledge_dir=os.path.join(data_dir, "knowledge", key),
-      workers=tokenize_workers.resolve_workers(config.get("prepare_workers", 0)))
+      knowledge_dir=os.path.join(data_dir, "knowledge", key))
   if builder.is_prepared():
     stored = tfds.builder_from_directory(builder.data_path).info
     fingerprint = stored.metadata.get("tokenizer_fingerprint")

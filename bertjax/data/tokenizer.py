@@ -14,9 +14,8 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import random
 import re
-from typing import Iterable, Iterator
+from typing import Iterable
 
 import numpy as np
 import sentencepiece as spm
@@ -38,15 +37,9 @@ MODEL_TYPES = tuple(_MODEL_TYPES)
 WORD_START = "\u2581"
 # Fixed seed of sentencepiece's trainer: the same corpus gives the same model.
 _TRAIN_SEED = 0
-# Default trainer input size: sentencepiece holds its input in memory, so it
-# sees a uniform sample of this many sentences of the whole split (see
-# ``sample_sentences``); config.tokenizer_sample_sentences overrides it.
+# Trainer input cap: sentencepiece holds its input in memory; the first this
+# many sentences (in corpus order, so deterministic) are plenty for a vocab.
 MAX_TRAIN_SENTENCES = 2_000_000
-# Seed of the sentence sample: fixed, so the same corpus gives the same sample.
-_SAMPLE_SEED = 0
-# Above this many sampled sentences sentencepiece's 32-bit suffix array may
-# overflow; its 64-bit mode is slower, so it is only asked for when needed.
-_EXTREMELY_LARGE = 10_000_000
 _TOO_HIGH = re.compile(r"Vocabulary size too high \((\d+)\).*?<= (\d+)", re.S)
 _TOO_LOW = re.compile(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)")
 
@@ -151,46 +144,12 @@ class Tokenizer:
     return self._sp.piece_to_id(piece)
 
 
-def sample_sentences(sentences: Iterable[str], size: int,
-                     seed: int = _SAMPLE_SEED) -> Iterator[str]:
-  """A deterministic uniform sample of at most ``size`` non-blank sentences.
-
-  Reservoir sampling (Vitter's algorithm R) with a fixed seed: every sentence
-  of the stream is equally likely to be kept, whatever its position, so a
-  corpus sorted by source still trains on all sources; memory holds ``size``
-  sentences, not the stream. The kept sentences come out in stream order, and
-  a stream of at most ``size`` sentences comes out whole and unchanged.
-  """
-  if size <= 0:
-    raise ValueError(
-        f"tokenizer_sample_sentences={size} samples nothing; set "
-        f"--config.tokenizer_sample_sentences to a positive number.")
-  rng = random.Random(seed)
-  reservoir: list[tuple[int, str]] = []
-  seen = 0
-  for sentence in sentences:
-    if not sentence.strip():
-      continue
-    if seen < size:
-      reservoir.append((seen, sentence))
-    else:
-      slot = rng.randrange(seen + 1)
-      if slot < size:
-        reservoir[slot] = (seen, sentence)
-    seen += 1
-  reservoir.sort()
-  return (sentence for _, sentence in reservoir)
-
-
 def train(sentences: Iterable[str], model_path: str, vocab_size: int,
-          model_type: str = "unigram",
-          sample_size: int = MAX_TRAIN_SENTENCES) -> Tokenizer:
+          model_type: str = "unigram") -> Tokenizer:
   """Trains a sentencepiece model on sentences and writes it to ``model_path``.
 
-  Training is deterministic (fixed seeds, one thread, a fixed-seed sample in
-  corpus order), so the same sentences give a byte-identical model and
-  fingerprint. It sees a uniform sample of ``sample_size`` sentences drawn
-  from all of ``sentences`` (``sample_sentences``), not the first ones.
+  Training is deterministic (fixed seed, one thread, corpus order), so the same
+  sentences give a byte-identical model and fingerprint.
 
   Args:
     sentences: training text, one sentence per item.
@@ -198,7 +157,6 @@ def train(sentences: Iterable[str], model_path: str, vocab_size: int,
     vocab_size: exact number of ids, the 5 special tokens included.
     model_type: 'unigram', 'bpe' or 'bpe_bytes' (the same as 'bpe'); all
       three fall back to bytes for characters outside the vocabulary.
-    sample_size: how many sentences the trainer sees at most.
 
   Returns:
     The trained Tokenizer.
@@ -212,12 +170,18 @@ def train(sentences: Iterable[str], model_path: str, vocab_size: int,
         f"vocab_size={vocab_size} leaves no room for text pieces; set "
         f"--config.vocab_size above {batch_lib.NUM_SPECIAL_TOKENS + 1}.")
 
-  sample = sample_sentences(sentences, sample_size)
+  def capped():
+    for i, sentence in enumerate(sentences):
+      if i >= MAX_TRAIN_SENTENCES:
+        return
+      if sentence.strip():
+        yield sentence
+
   spm.set_random_generator_seed(_TRAIN_SEED)
   model = io.BytesIO()
   try:
     spm.SentencePieceTrainer.train(
-        sentence_iterator=sample,
+        sentence_iterator=capped(),
         model_writer=model,
         model_type=_MODEL_TYPES[model_type],
         byte_fallback=True,
@@ -228,7 +192,6 @@ def train(sentences: Iterable[str], model_path: str, vocab_size: int,
         # Control symbols take the next free ids in order: 2, 3, 4.
         control_symbols=list(batch_lib.SPECIAL_TOKENS[2:]),
         num_threads=1,
-        train_extremely_large_corpus=sample_size > _EXTREMELY_LARGE,
         minloglevel=2)
   except RuntimeError as e:
     too_high = _TOO_HIGH.search(str(e))
