@@ -31,7 +31,6 @@ again (``remove_damaged``, ``--repair``).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import re
@@ -41,6 +40,8 @@ from typing import Any, Sequence
 from array_record.python import array_record_data_source
 import numpy as np
 import tensorflow_datasets as tfds
+
+from bertjax.data import tokenizer as tokenizer_lib
 
 MANIFEST = "bertjax_shards.json"
 # Datasets that prepare makes (and so can make again) under a data_dir.
@@ -72,14 +73,6 @@ def short_reason(error: BaseException) -> str:
   return text.split(";")[0][:120]
 
 
-def _sha256(path: str) -> str:
-  digest = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      digest.update(block)
-  return digest.hexdigest()
-
-
 @dataclasses.dataclass(frozen=True)
 class Shard:
   """One shard file of a prepared dataset, as TFDS recorded it."""
@@ -100,7 +93,7 @@ def dataset_shards(dataset_dir: str) -> list[Shard]:
 def write_manifest(dataset_dir: str) -> None:
   """Records size, sha256 and record count of every shard of a freshly built dataset."""
   manifest = {os.path.basename(s.path): {
-      "bytes": os.path.getsize(s.path), "sha256": _sha256(s.path),
+      "bytes": os.path.getsize(s.path), "sha256": tokenizer_lib.file_fingerprint(s.path),
       "records": s.records} for s in dataset_shards(dataset_dir)}
   tmp = os.path.join(dataset_dir, f".{MANIFEST}.tmp-{os.getpid()}")
   with open(tmp, "w") as f:
@@ -187,7 +180,7 @@ def verify(data_dir: str) -> list[Report]:
           shard, builder.info.features)
       digest = None
       if size is None and "sha256" in recorded and (
-          _sha256(shard.path) != recorded["sha256"]):
+          tokenizer_lib.file_fingerprint(shard.path) != recorded["sha256"]):
         digest = "sha256 differs from what prepare recorded"
       # Most telling first: a size says truncated, Riegeli says where.
       problem = size or decoded or digest
