@@ -70,7 +70,8 @@ _SAFE_FIELDS = (
     # Paths move; what they hold is checked by the tokenizer fingerprint.
     "data_dir", "tokenizer_path", "hf_kept_tensors",
     # How prepare works, not what it makes (the fingerprint guards the rest).
-    "prepare_workers", "tokenizer_sample_sentences",
+    "prepare_workers", "prepare_block_mb", "tokenizer_sample_sentences",
+    "tokenizer_train_threads", "knowledge_fit_documents",
     # Only used when initialising, which a resumed run does not do.
     "initializer_range",
     # Devices and memory: the same update (accumulation is exact).

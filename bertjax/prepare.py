@@ -12,6 +12,14 @@ same library function, so running this first is optional.
                  1 when a shard is damaged.
   ... --repair   the same check, then removes each damaged dataset and
                  prepares it again (shards are deterministic: the same records).
+
+At scale the units of work run on ``config.prepare_workers`` local processes,
+or on Apache Beam (the beam extra) with the same output:
+
+  python -m bertjax.prepare --config=... --workdir=... --beam_runner=DirectRunner
+  python -m bertjax.prepare --config=... --workdir=gs://bucket/run \
+      --beam_runner=DataflowRunner --beam_options=--project=P,--region=R,\
+--temp_location=gs://bucket/tmp,--setup_file=./setup.py
 """
 
 import sys
@@ -34,6 +42,12 @@ _VERIFY = flags.DEFINE_bool(
     "verify", False, "Check every shard of the data_dir and report; prepares nothing.")
 _REPAIR = flags.DEFINE_bool(
     "repair", False, "Check every shard, remove damaged datasets, prepare them again.")
+_BEAM_RUNNER = flags.DEFINE_string(
+    "beam_runner", "", "Run prepare's units on this Apache Beam runner "
+    "(DirectRunner, DataflowRunner, SparkRunner, FlinkRunner); '' = local processes.")
+_BEAM_OPTIONS = flags.DEFINE_list(
+    "beam_options", [], "Beam pipeline options, comma-separated, e.g. "
+    "--project=p,--region=r,--temp_location=gs://b/tmp.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -78,7 +92,8 @@ def main(argv):
     if _REPAIR.value:
       for removed in shards.remove_damaged(_verify(data_dir, required=False)):
         print(f"removed damaged {removed}; preparing it again")
-    prepared = prepare.prepare(config, data_dir)
+    prepared = prepare.prepare(config, data_dir, beam_runner=_BEAM_RUNNER.value,
+                               beam_options=_BEAM_OPTIONS.value)
   except ValueError as e:
     # Bad input gets its one sentence, not a traceback.
     print(f"error: {e}", file=sys.stderr)

@@ -41,6 +41,13 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   c.short_seq_prob = 0.1  # BERT: 10% of pairs get a shorter random target length
   c.pair_chunking = "bert"  # or 'whole_sentences' (bertjax/data/packing.py)
   c.shuffle_window = 1024  # window of the host shuffle of packed examples
+  # How prepare works at scale (bertjax/data/prepare.py); the shards it makes
+  # do not depend on the first two.
+  c.prepare_workers = 0  # tokenizing processes; 0 = one per core
+  c.prepare_block_mb = 8  # MB of text per unit of work (and per shard)
+  c.tokenizer_sample_sentences = 1_000_000  # uniform sample the tokenizer trains on
+  # sentencepiece trainer threads: fixed, because its model changes with them
+  c.tokenizer_train_threads = 8
 
   # --- sequence and masking ------------------------------------------------
   c.seq_len = 128 if size == "tiny" else 512

@@ -265,8 +265,17 @@ class Marker:
           out[name][[w.start for w in words[i + 1:j]]] = False
     return out
 
+  @classmethod
+  def read(cls, directory: str) -> "Marker":
+    """The Marker that ``write`` wrote to ``directory``."""
+    units = {}
+    for name in ("phrases", "entities"):
+      with open(os.path.join(directory, f"{name}.txt"), encoding="utf-8") as f:
+        units[name] = frozenset(tuple(line.split()) for line in f if line.strip())
+    return cls(phrases=units["phrases"], entities=units["entities"])
+
   def write(self, directory: str) -> None:
-    """Writes phrases.txt and entities.txt (one unit a line) for inspection."""
+    """Writes phrases.txt and entities.txt (one unit a line); ``read`` loads them."""
     os.makedirs(directory, exist_ok=True)
     for name, units in (("phrases", self.phrases), ("entities", self.entities)):
       with open(os.path.join(directory, f"{name}.txt"), "w", encoding="utf-8") as f:

@@ -5,7 +5,8 @@
   <data_dir>/bertjax_python_docs/...        the text dataset (bertjax's own
   <data_dir>/bertjax_local_text/<cfg>/...   builders; public TFDS datasets are
                                             read where the user prepared them)
-  <data_dir>/tokenizers/<source>.model      sentencepiece, trained on train_split
+  <data_dir>/tokenizers/<source>.model      sentencepiece, trained on a uniform
+                                            sample of train_split's sentences
   <data_dir>/bertjax_tokenized/<source>/... shards of train_split and eval_split
   <data_dir>/bertjax_tokenized/<source>__knowledge/...  the same with phrase
                                             and entity starts, when
@@ -15,6 +16,16 @@
 and reuses (after checking) what is there, so a second call takes about a
 second. It never deletes anything: when something on disk does not match the
 config it raises a ValueError naming the mismatch and the fix, before any work.
+
+At scale: every stage streams. The work is cut into units of about
+``config.prepare_block_mb`` of text (bertjax/data/units.py), run by
+``config.prepare_workers`` processes (0 = all cores) or by an Apache Beam
+runner, each writing its own shard (bertjax/data/staged.py); memory is bounded
+by a unit, the shards are the same whatever runs them, and a killed prepare
+resumes with the units it had not finished. The tokenizer trains on a
+uniform sample of about ``config.tokenizer_sample_sentences`` sentences;
+ERNIE's phrase and entity lists are fitted on ``config.knowledge_fit_documents``
+evenly spaced train documents.
 
 Every dataset it builds gets a manifest of its shards (size, sha256, records;
 ``bertjax/data/shards.py``); reused shards are checked against their recorded
@@ -27,25 +38,32 @@ tokenizer loses characters to [UNK].
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
-import re
 import time
-from typing import Any, Callable, Iterable, Iterator
+from typing import Sequence
 
 from absl import logging
+from array_record.python import array_record_data_source
+import numpy as np
 import tensorflow_datasets as tfds
 
 from bertjax.data import builders
 from bertjax.data import knowledge
-from bertjax.data import sentences as sentences_lib
 from bertjax.data import shards
+from bertjax.data import staged
+from bertjax.data import text_sources
 from bertjax.data import tokenizer as tokenizer_lib
+from bertjax.data import units
+from bertjax.data import workers
 
-OWN_DATASETS = ("bertjax_python_docs", "bertjax_local_text")
 # Above this fraction of [UNK] tokens in a split, prepare warns: text is lost.
 UNK_WARN_RATE = 0.001
-_TF_EXTRA_HINT = ("install the tf extra (pip install -e '.[tf]') or prepare it as "
-                  "array_record (tfds build {name} --file_format=array_record)")
+# Documents read to estimate a split's sentences when the dataset did not count them.
+_ESTIMATE_DOCS = 1000
+# Seed of the tokenizer's sentence sample: fixed, so a corpus has one sample.
+_SAMPLE_SEED = 0
+_TOKENIZED_VERSION = "1.0.0"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +112,7 @@ class PreparedData:
 
   def tokenizer(self):
     """The tokenizer the shards were made with."""
-    return _load_tokenizer(self.tokenizer_path)
+    return units.load_tokenizer(self.tokenizer_path)
 
 
 def resolve_data_dir(config, workdir: str) -> str:
@@ -102,158 +120,83 @@ def resolve_data_dir(config, workdir: str) -> str:
   return config.get("data_dir") or os.path.join(workdir, "data")
 
 
-def _base_split(split: str) -> str:
-  """'train[:10%]' -> 'train'."""
-  return re.match(r"[\w-]*", split).group(0)
-
-
-def _check_splits(dataset: str, available: Iterable[str], wanted: list[str]) -> None:
-  available = sorted(available)
-  for split in wanted:
-    if _base_split(split) not in available:
-      field = "train_split" if split == wanted[0] else "eval_split"
-      raise ValueError(
-          f"Dataset {dataset!r} has no split {split!r} (it has {available}); set "
-          f"--config.{field} to one of them, or a slice such as 'train[:1%]'.")
-
-
-def _own_text_builder(config, data_dir: str) -> tfds.core.DatasetBuilder:
-  """Builds (if missing) and returns bertjax's own text dataset builder."""
-  name, _, cfg = config.dataset.partition("/")
-  kwargs = dict(data_dir=data_dir, file_format=builders.FILE_FORMAT)
-  if name == "bertjax_python_docs":
-    if cfg:
-      raise ValueError(
-          f"bertjax_python_docs has no config {cfg!r}; set "
-          f"--config.dataset=bertjax_python_docs.")
-    builder = builders.BertjaxPythonDocs(**kwargs)
-  else:
-    cfg = cfg or "files"
-    known = [c.name for c in builders.BertjaxLocalText.BUILDER_CONFIGS]
-    if cfg not in known:
-      raise ValueError(
-          f"bertjax_local_text has no config {cfg!r}; set --config.dataset to "
-          f"{' or '.join('bertjax_local_text/' + k for k in known)}.")
-    if not config.get("text_files"):
-      raise ValueError(
-          "bertjax_local_text needs input files; set --config.text_files to "
-          "comma-separated paths or globs of UTF-8 text files.")
-    builder = builders.BertjaxLocalText(config=cfg, text_files=config.text_files, **kwargs)
-    if builder.is_prepared():
-      stored = tfds.builder_from_directory(builder.data_path).info.metadata
-      current = builders.files_fingerprint(builders.resolve_text_files(config.text_files))
-      if stored.get("files_fingerprint") != current:
-        raise ValueError(
-            f"{builder.data_path} was built from other text files "
-            f"({stored.get('text_files')!r}); point --config.data_dir at a new "
-            f"directory to prepare {config.text_files!r}.")
-  if builder.is_prepared():
-    logging.info("Reusing text dataset %s.", builder.data_path)
-  else:
-    start = time.time()
-    logging.info("Building text dataset %s in %s ...", config.dataset, data_dir)
-    builder.download_and_prepare()
-    shards.write_manifest(os.fspath(builder.data_path))
-    logging.info("Built %s in %.1f s: %s", config.dataset, time.time() - start,
-                 {k: v.num_examples for k, v in builder.info.splits.items()})
-  return builder
-
-
-def _own_documents(builder, split: str,
-                   data_dir: str) -> Callable[[], Iterator[builders.Document]]:
-  def documents():
-    info = builder.info.splits[split]
-    source = shards.CheckedSource(
-        builder.as_data_source(split), [os.fspath(p) for p in info.filepaths],
-        info.shard_lengths, data_dir)
-    for i in range(len(source)):
-      record = source[i]
-      yield (record["id"].decode("utf-8"),
-             [s.decode("utf-8") for s in record["sentences"]])
-  return documents
-
-
-def _public_data_dir(config, data_dir: str) -> str | None:
-  """Where a public TFDS dataset lives: ``data_dir`` if it is there, else TFDS's default."""
-  name = config.dataset.partition("/")[0].partition(":")[0]
-  return data_dir if os.path.isdir(os.path.join(data_dir, name)) else None
-
-
-def _public_documents(config, split: str, tfds_dir: str | None
-                      ) -> Callable[[], Iterator[builders.Document]]:
-  """Documents of a public TFDS text dataset, sentence-split on the fly."""
-  name, feature = config.dataset, config.text_feature
-
-  def to_document(index: int, record: dict[str, Any]) -> builders.Document:
-    if feature not in record:
-      raise ValueError(
-          f"{name} has no feature {feature!r} (it has {sorted(record)}); set "
-          f"--config.text_feature to the one holding the text.")
-    text = record[feature]
-    text = text.decode("utf-8") if isinstance(text, bytes) else str(text)
-    return str(index), sentences_lib.split_sentences(text)
-
-  def documents():
-    try:
-      source = tfds.data_source(name, split=split, data_dir=tfds_dir, download=False)
-      records = (source[i] for i in range(len(source)))
-    except Exception as e:  # pylint: disable=broad-except
-      try:
-        # With TensorFlow installed, tfrecord datasets are read sequentially.
-        records = tfds.as_numpy(
-            tfds.load(name, split=split, data_dir=tfds_dir, download=False))
-      except Exception:  # pylint: disable=broad-except
-        raise ValueError(
-            f"Cannot read TFDS dataset {name!r} split {split!r} ({e}); "
-            + _TF_EXTRA_HINT.format(name=name) + ".") from e
-    for index, record in enumerate(records):
-      yield to_document(index, record)
-  return documents
-
-
-def _public_splits(config, tfds_dir: str | None) -> list[str]:
-  """Split names of a prepared public TFDS dataset, or a ValueError with the fix."""
-  name = config.dataset
-  try:
-    builder = tfds.builder(name, data_dir=tfds_dir)
-  except tfds.core.registered.DatasetNotFoundError:
+def _check_tokenizer(config, tok, path: str) -> None:
+  """Refuses a stored tokenizer that does not fit the config."""
+  if tok.vocab_size != config.vocab_size:
     raise ValueError(
-        f"Unknown dataset {name!r}; set --config.dataset to bertjax_python_docs, "
-        f"bertjax_local_text (with --config.text_files) or a TFDS text dataset "
-        f"such as wikipedia/20230601.en.") from None
-  except Exception as e:  # pylint: disable=broad-except
+        f"Tokenizer {path} has vocab size {tok.vocab_size} but "
+        f"config.vocab_size is {config.vocab_size}; set "
+        f"--config.vocab_size={tok.vocab_size} or point --config.data_dir at a "
+        f"new directory.")
+  model_type = tokenizer_lib.model_type_of(path)
+  if not tokenizer_lib.fits_config(model_type, config.tokenizer):
+    # 'unigram_bytes' is not a config value: every trained unigram has bytes.
+    fits = model_type if model_type in tokenizer_lib.MODEL_TYPES else (
+        model_type.removesuffix("_bytes"))
     raise ValueError(
-        f"Cannot open TFDS dataset {name!r} ({e}); "
-        + _TF_EXTRA_HINT.format(name=name) + ".") from e
-  if not builder.is_prepared():
-    raise ValueError(
-        f"TFDS dataset {name!r} is not prepared in {builder.data_dir}; prepare it "
-        f"first (tfds build {name} --file_format=array_record), bertjax never "
-        f"downloads it.")
-  return list(builder.info.splits)
+        f"Tokenizer {path} is a {fits} model but config.tokenizer is "
+        f"{config.tokenizer!r}; set --config.tokenizer={fits} or point "
+        f"--config.data_dir at a new directory.")
 
 
-def _text_sources(config, data_dir: str) -> dict[str, Callable[[], Iterator[builders.Document]]]:
-  """split name -> callable giving that split's Documents (train split first)."""
-  wanted = [config.train_split] + ([config.eval_split] if config.get("eval_split") else [])
-  if config.dataset.partition("/")[0] in OWN_DATASETS:
-    builder = _own_text_builder(config, data_dir)
-    _check_splits(config.dataset, builder.info.splits, wanted)
-    return {s: _own_documents(builder, s, data_dir) for s in wanted}
-  tfds_dir = _public_data_dir(config, data_dir)
-  _check_splits(config.dataset, _public_splits(config, tfds_dir), wanted)
-  return {s: _public_documents(config, s, tfds_dir) for s in wanted}
+def _sentences_in(split: text_sources.Split) -> int:
+  """The split's sentence count: recorded, else estimated from evenly spaced documents."""
+  if split.num_sentences is not None:
+    return split.num_sentences
+  source = split.source.open()
+  picks = np.unique(np.linspace(0, split.num_docs - 1,
+                                min(split.num_docs, _ESTIMATE_DOCS)).astype(int))
+  seen = sum(len(split.source.document(int(i), source[int(i)])[1]) for i in picks)
+  return int(seen * split.num_docs / max(len(picks), 1))
 
 
-def _load_tokenizer(path: str):
-  """A sentencepiece model file, or an imported Hugging Face tokenizer directory."""
-  if os.path.isdir(path):
-    from bertjax.convert import hf_tokenizers
-    return hf_tokenizers.HfTokenizer(path)
-  return tokenizer_lib.Tokenizer(path)
+def _train_tokenizer(config, path: str, train: text_sources.Split,
+                     engine: text_sources.Engine) -> tokenizer_lib.Tokenizer:
+  """Trains on a uniform sample of about tokenizer_sample_sentences train sentences.
+
+  Every sentence is kept when its key (units.sentence_keys) falls below
+  2**64 * sample / total, so each has the same chance and the sample does not
+  depend on the workers; below ``sample`` sentences, all are kept. The sample
+  is staged beside the tokenizer and read back in corpus order.
+  """
+  wanted = config.get("tokenizer_sample_sentences", 1_000_000)
+  total = _sentences_in(train)
+  threshold = 1 << 64 if total <= wanted else int(wanted / total * 2.0**64)
+  plan = hashlib.sha256(f"{train.source}|{threshold}|{_SAMPLE_SEED}".encode()
+                        ).hexdigest()[:16]
+  stage = staged.Stage(f"{path}.sample", "sample", plan)
+  stage.clear_other_plans()
+  tasks = [units.SampleTask(i, train.source, a, b, threshold, _SAMPLE_SEED,
+                            os.fspath(stage.dataset_dir), plan)
+           for i, (a, b) in enumerate(units.ranges(train.num_docs, train.num_bytes,
+                                                   engine.block_bytes))]
+  todo = [t for t in tasks if stage.receipt(t.index) is None]
+  logging.info("Sampling about %d of ~%d sentences of %s %s for the tokenizer ...",
+               min(wanted, total), total, config.dataset, config.train_split)
+  engine.run(units.run_sample, todo, workers.Progress("sample", train.num_bytes, len(todo)))
+
+  def sample():
+    for task in tasks:
+      reader = array_record_data_source.ArrayRecordDataSource(
+          [os.fspath(stage.dataset_dir / staged.STAGING /
+                     f"unit-{task.index:05d}.sample.array_record")])
+      for lo in range(0, len(reader), 4096):
+        for record in reader.__getitems__(range(lo, min(lo + 4096, len(reader)))):
+          yield record.decode("utf-8")
+
+  start = time.time()
+  threads = config.get("tokenizer_train_threads", 1)
+  tok = tokenizer_lib.train(
+      sample(), path, config.vocab_size, config.tokenizer, num_threads=threads,
+      extremely_large=min(wanted, total) > tokenizer_lib.EXTREMELY_LARGE)
+  stage.remove()
+  logging.info("Trained tokenizer %s (%d threads) in %.1f s.", path, threads,
+               time.time() - start)
+  return tok
 
 
-def _tokenizer(config, data_dir: str, key: str, train_docs) -> tokenizer_lib.Tokenizer:
+def _tokenizer(config, data_dir: str, key: str, train: text_sources.Split,
+               engine: text_sources.Engine):
   """Loads and checks the tokenizer of this source, or trains it.
 
   ``config.tokenizer='hf'`` (set by ``python -m bertjax.convert``) uses the
@@ -266,7 +209,7 @@ def _tokenizer(config, data_dir: str, key: str, train_docs) -> tokenizer_lib.Tok
           f"config.tokenizer='hf' needs the imported tokenizer directory, but "
           f"config.tokenizer_path={path!r} is not one; point --config.tokenizer_path "
           "at <workdir>/tokenizer written by `python -m bertjax.convert`.")
-    tok = _load_tokenizer(path)
+    tok = units.load_tokenizer(path)
     if tok.vocab_size != config.vocab_size:
       raise ValueError(
           f"Tokenizer {path} has vocab size {tok.vocab_size} but config.vocab_size "
@@ -275,40 +218,111 @@ def _tokenizer(config, data_dir: str, key: str, train_docs) -> tokenizer_lib.Tok
   path = os.path.join(data_dir, "tokenizers", f"{key}.model")
   if os.path.exists(path):
     tok = tokenizer_lib.Tokenizer(path)
-    if tok.vocab_size != config.vocab_size:
-      raise ValueError(
-          f"Tokenizer {path} has vocab size {tok.vocab_size} but "
-          f"config.vocab_size is {config.vocab_size}; set "
-          f"--config.vocab_size={tok.vocab_size} or point --config.data_dir at a "
-          f"new directory.")
-    model_type = tokenizer_lib.model_type_of(path)
-    if not tokenizer_lib.fits_config(model_type, config.tokenizer):
-      # 'unigram_bytes' is not a config value: every trained unigram has bytes.
-      fits = model_type if model_type in tokenizer_lib.MODEL_TYPES else (
-          model_type.removesuffix("_bytes"))
-      raise ValueError(
-          f"Tokenizer {path} is a {fits} model but config.tokenizer is "
-          f"{config.tokenizer!r}; set --config.tokenizer={fits} or point "
-          f"--config.data_dir at a new directory.")
+    _check_tokenizer(config, tok, path)
     logging.info("Reusing tokenizer %s (vocab %d).", path, tok.vocab_size)
     return tok
-  start = time.time()
   logging.info("Training a %s tokenizer (vocab %d) on %s %s ...", config.tokenizer,
                config.vocab_size, config.dataset, config.train_split)
-  sentences = (s for _, sents in train_docs() for s in sents)
-  tok = tokenizer_lib.train(sentences, path, config.vocab_size, config.tokenizer)
-  logging.info("Trained tokenizer %s in %.1f s.", path, time.time() - start)
-  return tok
+  return _train_tokenizer(config, path, train, engine)
 
 
-def prepare(config, data_dir: str) -> PreparedData:
+def _fit_knowledge(config, spans: knowledge.Settings, tok, train: text_sources.Split,
+                   directory: str) -> None:
+  """Fits ERNIE's phrase and entity lists on evenly spaced train documents.
+
+  The sample is bounded (config.knowledge_fit_documents documents, of which
+  at most knowledge.MAX_FIT_SENTENCES sentences are counted) and
+  deterministic; the lists are written to ``directory`` for the workers.
+  """
+  limit = config.get("knowledge_fit_documents", 50_000)
+  picks = np.unique(np.linspace(0, train.num_docs - 1,
+                                min(train.num_docs, limit)).astype(int))
+  source = train.source.open()
+  docs = (train.source.document(int(i), source[int(i)]) for i in picks)
+  marker = knowledge.fit((ex for _, ex in builders.tokenize_documents(docs, tok)),
+                         knowledge.WordReader(tok), spans)
+  logging.info("Knowledge units from %d documents: %d phrases, %d entities (lists "
+               "in %s).", len(picks), len(marker.phrases), len(marker.entities),
+               directory)
+  marker.write(directory)
+
+
+def _tokenize(config, data_dir: str, name: str, tok, sources, spans,
+              knowledge_dir: str, engine: text_sources.Engine) -> str:
+  """Tokenizes every split into the published dataset bertjax_tokenized/<name>."""
+  dataset_dir = os.path.join(data_dir, "bertjax_tokenized", name, _TOKENIZED_VERSION)
+  plan = hashlib.sha256("|".join(
+      [tok.fingerprint, spans.fingerprint() if spans else "", str(engine.block_bytes)]
+      + [f"{s}={v.source}" for s, v in sources.items()]).encode()).hexdigest()[:16]
+  stage = staged.Stage(dataset_dir, "bertjax_tokenized", plan)
+  stage.clear_other_plans()
+  tok_path = tok.path
+  tasks = []
+  for split, sized in sources.items():
+    for a, b in units.ranges(sized.num_docs, sized.num_bytes, engine.block_bytes):
+      tasks.append(units.TokenizeTask(
+          len(tasks), sized.source, builders.split_key(split), a, b, tok_path,
+          knowledge_dir if spans else "", dataset_dir, "bertjax_tokenized", plan))
+  if spans and any(stage.receipt(t.index) is None for t in tasks):
+    _fit_knowledge(config, spans, tok, sources[config.train_split], knowledge_dir)
+  todo = [t for t in tasks if stage.receipt(t.index) is None]
+  logging.info("Tokenizing %s into %s: %d units, %d to do ...", list(sources),
+               dataset_dir, len(tasks), len(todo))
+  total = sum(s.num_bytes for s in sources.values())
+  engine.run(units.run_tokenize, todo, workers.Progress("tokenize", total, len(todo)))
+  receipts = [stage.receipt(t.index) for t in tasks]
+  num_tokens, num_unk = {}, {}
+  for split in sources:
+    mine = [r for t, r in zip(tasks, receipts)
+            if t.split_key == builders.split_key(split)]
+    if not sum(r["stats"]["documents"] for r in mine):
+      raise ValueError(
+          f"Split {split!r} of {config.dataset} has no document with 2 or more "
+          f"tokens; add text to it or choose another --config.eval_split/train_split.")
+    num_tokens[builders.split_key(split)] = sum(r["stats"]["tokens"] for r in mine)
+    num_unk[builders.split_key(split)] = sum(r["stats"]["unk"] for r in mine)
+  metadata = dict(
+      tokenizer_fingerprint=tok.fingerprint, vocab_size=tok.vocab_size,
+      source=config.dataset,
+      split_names={builders.split_key(s): s for s in sources},
+      num_tokens=num_tokens, num_unk=num_unk)
+  if spans:
+    metadata["knowledge_fingerprint"] = spans.fingerprint()
+  stage.publish(len(tasks), [builders.split_key(s) for s in sources],
+                builders.tokenized_features(spans is not None), metadata,
+                "Tokenized documents: ids, word starts, sentence lengths.")
+  shards.write_manifest(dataset_dir)
+  return dataset_dir
+
+
+def engine_of(config, beam_runner: str = "",
+              beam_options: Sequence[str] = ()) -> text_sources.Engine:
+  """How prepare runs its units, from config.prepare_* and the Beam flags."""
+  block_mb = config.get("prepare_block_mb", 8)
+  if block_mb <= 0:
+    raise ValueError(
+        f"config.prepare_block_mb={block_mb} must be positive; set it to the "
+        f"MB of text per unit of work, e.g. 8.")
+  return text_sources.Engine(
+      workers=workers.resolve_workers(config.get("prepare_workers", 0)),
+      block_bytes=int(block_mb * (1 << 20)), beam_runner=beam_runner,
+      beam_options=tuple(beam_options))
+
+
+def prepare(config, data_dir: str, *, beam_runner: str = "",
+            beam_options: Sequence[str] = ()) -> PreparedData:
   """Makes (or checks and reuses) the text dataset, tokenizer and shards.
 
   Args:
     config: the run's ConfigDict (dataset, text_files, text_feature,
-      train_split, eval_split, tokenizer, vocab_size; knowledge_spans and the
-      ``ernie_*`` fields of bertjax/data/knowledge.py).
+      train_split, eval_split, tokenizer, vocab_size, prepare_workers,
+      prepare_block_mb, tokenizer_sample_sentences, tokenizer_train_threads;
+      knowledge_spans, knowledge_fit_documents and the ``ernie_*`` fields of
+      bertjax/data/knowledge.py).
     data_dir: root directory of everything prepared (see module docstring).
+    beam_runner: run the units on this Apache Beam runner instead of local
+      worker processes ('' = local).
+    beam_options: further Beam pipeline options ('--project=...', ...).
 
   Returns:
     PreparedData describing the shards.
@@ -323,48 +337,43 @@ def prepare(config, data_dir: str) -> PreparedData:
         f"one of {', '.join(tokenizer_lib.MODEL_TYPES)}.")
   spans = (knowledge.Settings.from_config(config)
            if config.get("knowledge_spans", False) else None)
+  engine = engine_of(config, beam_runner, beam_options)
   start = time.time()
   os.makedirs(data_dir, exist_ok=True)
   key = builders.source_key(config.dataset)
-  sources = _text_sources(config, data_dir)
-  tok = _tokenizer(config, data_dir, key, sources[config.train_split])
+  sources = text_sources.text_sources(config, data_dir, engine)
+  tok = _tokenizer(config, data_dir, key, sources[config.train_split], engine)
 
   name = key + (builders.KNOWLEDGE_SUFFIX if spans else "")
-  builder = builders.BertjaxTokenized(
-      data_dir=data_dir, config=tfds.core.BuilderConfig(name=name),
-      file_format=builders.FILE_FORMAT, sources=sources, tokenizer=tok,
-      source_name=config.dataset, knowledge=spans,
-      fit_split=config.train_split,
-      knowledge_dir=os.path.join(data_dir, "knowledge", key))
-  if builder.is_prepared():
-    stored = tfds.builder_from_directory(builder.data_path).info
+  dataset_dir = os.path.join(data_dir, "bertjax_tokenized", name, _TOKENIZED_VERSION)
+  if staged.is_published(dataset_dir):
+    stored = tfds.builder_from_directory(dataset_dir).info
     fingerprint = stored.metadata.get("tokenizer_fingerprint")
     if fingerprint != tok.fingerprint:
       raise ValueError(
-          f"Shards in {builder.data_path} were made by tokenizer {fingerprint} but "
+          f"Shards in {dataset_dir} were made by tokenizer {fingerprint} but "
           f"{tok.path} is {tok.fingerprint}; point --config.data_dir at a new "
           f"directory (or restore the tokenizer the shards were made with).")
     missing = [s for s in sources if builders.split_key(s) not in stored.splits]
     if missing:
       raise ValueError(
-          f"Shards in {builder.data_path} lack split(s) {missing}; point "
+          f"Shards in {dataset_dir} lack split(s) {missing}; point "
           f"--config.data_dir at a new directory to tokenize them.")
     if spans and stored.metadata.get("knowledge_fingerprint") != spans.fingerprint():
       raise ValueError(
-          f"Shards in {builder.data_path} were marked with other phrase/entity "
+          f"Shards in {dataset_dir} were marked with other phrase/entity "
           f"settings or another gazetteer; point --config.data_dir at a new "
           f"directory (or restore the ernie_* fields and gazetteer they were "
           f"made with).")
     # A stat per shard: truncation is refused here, before any device work.
-    shards.check_sizes(os.fspath(builder.data_path), data_dir)
-    logging.info("Reusing tokenized shards %s.", builder.data_path)
+    shards.check_sizes(dataset_dir, data_dir)
+    logging.info("Reusing tokenized shards %s.", dataset_dir)
   else:
     tok_start = time.time()
-    logging.info("Tokenizing %s into %s ...", list(sources), builder.data_path)
-    builder.download_and_prepare()
-    shards.write_manifest(os.fspath(builder.data_path))
+    _tokenize(config, data_dir, name, tok, sources, spans,
+              os.path.join(data_dir, "knowledge", key), engine)
     logging.info("Tokenized in %.1f s.", time.time() - tok_start)
-    stored = builder.info
+    stored = tfds.builder_from_directory(dataset_dir).info
 
   splits = {s: stored.splits[builders.split_key(s)].num_examples for s in sources}
   num_tokens = {s: int(stored.metadata["num_tokens"][builders.split_key(s)])
@@ -374,9 +383,8 @@ def prepare(config, data_dir: str) -> PreparedData:
                time.time() - start, splits, tok.vocab_size)
   return PreparedData(
       data_dir=data_dir, tokenizer_path=tok.path, vocab_size=tok.vocab_size,
-      fingerprint=tok.fingerprint, splits=splits,
-      tokenized_dir=os.fspath(builder.data_path), num_tokens=num_tokens,
-      unk_rate=unk_rate)
+      fingerprint=tok.fingerprint, splits=splits, tokenized_dir=dataset_dir,
+      num_tokens=num_tokens, unk_rate=unk_rate)
 
 
 def _report_unknown(tok, num_unk: dict[str, int], num_tokens: dict[str, int]

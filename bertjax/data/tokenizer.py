@@ -37,9 +37,9 @@ MODEL_TYPES = tuple(_MODEL_TYPES)
 WORD_START = "\u2581"
 # Fixed seed of sentencepiece's trainer: the same corpus gives the same model.
 _TRAIN_SEED = 0
-# Trainer input cap: sentencepiece holds its input in memory; the first this
-# many sentences (in corpus order, so deterministic) are plenty for a vocab.
-MAX_TRAIN_SENTENCES = 2_000_000
+# Above this many training sentences sentencepiece's 32-bit suffix array may
+# overflow; its 64-bit mode (train_extremely_large_corpus) is asked for then.
+EXTREMELY_LARGE = 10_000_000
 _TOO_HIGH = re.compile(r"Vocabulary size too high \((\d+)\).*?<= (\d+)", re.S)
 _TOO_LOW = re.compile(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)")
 
@@ -145,11 +145,15 @@ class Tokenizer:
 
 
 def train(sentences: Iterable[str], model_path: str, vocab_size: int,
-          model_type: str = "unigram") -> Tokenizer:
+          model_type: str = "unigram", num_threads: int = 1,
+          extremely_large: bool = False) -> Tokenizer:
   """Trains a sentencepiece model on sentences and writes it to ``model_path``.
 
-  Training is deterministic (fixed seed, one thread, corpus order), so the same
-  sentences give a byte-identical model and fingerprint.
+  Training is deterministic (fixed seed, corpus order, a fixed thread count),
+  so the same sentences give a byte-identical model and fingerprint. The
+  thread count is part of that: sentencepiece's result changes with it, which
+  is why it is a config field (tokenizer_train_threads) and not the number of
+  cores of the machine at hand.
 
   Args:
     sentences: training text, one sentence per item.
@@ -157,6 +161,9 @@ def train(sentences: Iterable[str], model_path: str, vocab_size: int,
     vocab_size: exact number of ids, the 5 special tokens included.
     model_type: 'unigram', 'bpe' or 'bpe_bytes' (the same as 'bpe'); all
       three fall back to bytes for characters outside the vocabulary.
+    num_threads: sentencepiece trainer threads.
+    extremely_large: use sentencepiece's 64-bit mode (slower), needed above
+      about ``EXTREMELY_LARGE`` sentences.
 
   Returns:
     The trained Tokenizer.
@@ -170,10 +177,8 @@ def train(sentences: Iterable[str], model_path: str, vocab_size: int,
         f"vocab_size={vocab_size} leaves no room for text pieces; set "
         f"--config.vocab_size above {batch_lib.NUM_SPECIAL_TOKENS + 1}.")
 
-  def capped():
-    for i, sentence in enumerate(sentences):
-      if i >= MAX_TRAIN_SENTENCES:
-        return
+  def nonempty():
+    for sentence in sentences:
       if sentence.strip():
         yield sentence
 
@@ -181,7 +186,7 @@ def train(sentences: Iterable[str], model_path: str, vocab_size: int,
   model = io.BytesIO()
   try:
     spm.SentencePieceTrainer.train(
-        sentence_iterator=capped(),
+        sentence_iterator=nonempty(),
         model_writer=model,
         model_type=_MODEL_TYPES[model_type],
         byte_fallback=True,
@@ -191,7 +196,11 @@ def train(sentences: Iterable[str], model_path: str, vocab_size: int,
         bos_id=-1, eos_id=-1,
         # Control symbols take the next free ids in order: 2, 3, 4.
         control_symbols=list(batch_lib.SPECIAL_TOKENS[2:]),
-        num_threads=1,
+        num_threads=num_threads,
+        # All of the (already sampled) input, in its order.
+        input_sentence_size=0, shuffle_input_sentence=False,
+        # 32-bit suffix arrays overflow on very large inputs.
+        train_extremely_large_corpus=extremely_large,
         minloglevel=2)
   except RuntimeError as e:
     too_high = _TOO_HIGH.search(str(e))

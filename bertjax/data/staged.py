@@ -1,0 +1,189 @@
+"""Datasets written unit by unit by independent workers, then published for TFDS.
+
+``prepare`` cuts each of its datasets (the text of local files, the tokenized
+documents) into *units* fixed by the input alone: a range of input bytes or of
+input records. Whichever process runs a unit -- the main process, one of
+``config.prepare_workers`` spawned workers, or an Apache Beam worker -- writes
+that unit's records of every split into staging files and then a small JSON
+*receipt* (record counts and statistics). The receipt is written last and
+atomically, so a unit whose receipt exists is complete; a killed prepare
+leaves only whole units and stray temporary files, and the next run redoes
+just the missing units.
+
+When every unit has a receipt, ``publish`` renames the non-empty staged shards
+into TFDS's names (``<name>-<split>.array_record-<i>-of-<n>``, in unit order)
+and writes ``dataset_info.json`` through ``tfds.folder_dataset.write_metadata``,
+last: TFDS (and ``prepare``) treat a directory without it as not prepared.
+Because a unit's records depend only on its input, the published shards are
+the same bytes whatever the number of workers or the engine that ran them.
+
+Staging lives in ``<dataset dir>/.staging``; receipts carry a ``plan`` key
+(the fingerprint of the inputs, tokenizer and settings), and staged units of
+another plan are never reused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from typing import Any, Iterable, Mapping, Sequence
+
+from array_record.python import array_record_module
+from etils import epath
+import tensorflow_datasets as tfds
+
+STAGING = ".staging"
+# One record per Riegeli chunk group: every record is a cheap random access.
+_WRITER_OPTIONS = "group_size:1"
+_TEMPLATE = "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}"
+
+
+def is_local(path: str | os.PathLike) -> bool:
+  return "://" not in os.fspath(path)
+
+
+class Stage:
+  """The staging area of one dataset directory.
+
+  Args:
+    dataset_dir: where the published dataset goes (TFDS's data_path, e.g.
+      ``<data_dir>/bertjax_tokenized/<source>/1.0.0``); local or gs://.
+    dataset_name: TFDS's name of it, the prefix of its shard files.
+    plan: a fingerprint of everything the units' output depends on.
+  """
+
+  def __init__(self, dataset_dir: str, dataset_name: str, plan: str):
+    self.dataset_dir = epath.Path(dataset_dir)
+    self.dataset_name = dataset_name
+    self.plan = plan
+    self.dir = self.dataset_dir / STAGING
+
+  def _shard(self, index: int, split: str) -> epath.Path:
+    return self.dir / f"unit-{index:05d}.{split}.array_record"
+
+  def _receipt(self, index: int) -> epath.Path:
+    return self.dir / f"unit-{index:05d}.json"
+
+  def receipt(self, index: int) -> dict[str, Any] | None:
+    """The receipt of a finished unit of this plan whose shards are intact, else None."""
+    path = self._receipt(index)
+    if not path.exists():
+      return None
+    receipt = json.loads(path.read_text())
+    if receipt.get("plan") != self.plan:
+      return None
+    for split, size in receipt["bytes"].items():
+      shard = self._shard(index, split)
+      if not shard.exists() or shard.stat().length != size:
+        return None
+    return receipt
+
+  def write_unit(self, index: int, records: Mapping[str, Iterable[bytes]],
+                 stats: Mapping[str, Any]) -> dict[str, Any]:
+    """Writes a unit's serialized records per split, then its receipt.
+
+    Args:
+      index: the unit's position in the plan.
+      records: split -> serialized examples, in order.
+      stats: JSON-able statistics for ``publish`` and the caller.
+
+    Returns:
+      The receipt: plan, records (split -> count), bytes (split -> file
+      size) and stats.
+    """
+    self.dir.mkdir(parents=True, exist_ok=True)
+    counts, sizes = {}, {}
+    with tempfile.TemporaryDirectory(prefix="bertjax-unit-") as tmp:
+      for split, examples in records.items():
+        final = self._shard(index, split)
+        # Riegeli writes local files; a gs:// dataset gets a copy of one.
+        local = (os.fspath(final) + f".tmp-{os.getpid()}" if is_local(final)
+                 else os.path.join(tmp, final.name))
+        writer = array_record_module.ArrayRecordWriter(local, _WRITER_OPTIONS)
+        count = 0
+        for example in examples:
+          writer.write(example)
+          count += 1
+        writer.close()
+        if is_local(final):
+          os.replace(local, final)
+        else:
+          epath.Path(local).copy(final, overwrite=True)
+        counts[split] = count
+        sizes[split] = final.stat().length
+    receipt = {"plan": self.plan, "records": counts, "bytes": sizes,
+               "stats": dict(stats)}
+    _write_atomically(self._receipt(index), json.dumps(receipt, sort_keys=True))
+    return receipt
+
+  def clear_other_plans(self) -> None:
+    """Removes staged units of another plan (never a published shard)."""
+    if not self.dir.exists():
+      return
+    for path in self.dir.iterdir():
+      if path.suffix == ".json":
+        try:
+          plan = json.loads(path.read_text()).get("plan")
+        except ValueError:
+          plan = None
+        if plan != self.plan:
+          path.unlink()
+
+  def publish(self, num_units: int, splits: Sequence[str], features,
+              metadata: Mapping[str, Any], description: str) -> None:
+    """Moves every unit's non-empty shards into TFDS names and writes its metadata.
+
+    Args:
+      num_units: units of the plan; each must have a receipt.
+      splits: TFDS split names, each given at least one record.
+      features: the tfds FeaturesDict the records were serialized with.
+      metadata: JSON-able dataset metadata (``info.metadata``).
+      description: for dataset_info.json.
+    """
+    receipts = [self.receipt(i) for i in range(num_units)]
+    missing = [i for i, r in enumerate(receipts) if r is None]
+    if missing:
+      raise RuntimeError(f"units {missing[:10]} of {self.dataset_dir} are unfinished")
+    split_infos = []
+    for split in splits:
+      units = [i for i, r in enumerate(receipts) if r["records"].get(split)]
+      if not units:
+        raise ValueError(f"split {split!r} of {self.dataset_dir} has no record")
+      lengths, num_bytes = [], 0
+      for shard_index, unit in enumerate(units):
+        name = (f"{self.dataset_name}-{split}.array_record-"
+                f"{shard_index:05d}-of-{len(units):05d}")
+        self._shard(unit, split).rename(self.dataset_dir / name)
+        lengths.append(receipts[unit]["records"][split])
+        num_bytes += receipts[unit]["bytes"][split]
+      template = tfds.core.ShardedFileTemplate(
+          data_dir=self.dataset_dir, template=_TEMPLATE,
+          dataset_name=self.dataset_name, split=split,
+          filetype_suffix="array_record")
+      split_infos.append(tfds.core.SplitInfo(
+          name=split, shard_lengths=lengths, num_bytes=num_bytes,
+          filename_template=template))
+    tfds.folder_dataset.write_metadata(
+        data_dir=self.dataset_dir, features=features, split_infos=split_infos,
+        filename_template=_TEMPLATE, check_data=False, description=description,
+        metadata=tfds.core.MetadataDict(metadata))
+    self.remove()
+
+  def remove(self) -> None:
+    """Removes the staging directory (published shards are outside it)."""
+    if is_local(self.dir):
+      shutil.rmtree(self.dir, ignore_errors=True)
+    elif self.dir.exists():
+      self.dir.rmtree()
+
+
+def _write_atomically(path: epath.Path, text: str) -> None:
+  tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+  tmp.write_text(text)
+  tmp.rename(path)
+
+
+def is_published(dataset_dir: str | os.PathLike) -> bool:
+  return (epath.Path(dataset_dir) / "dataset_info.json").exists()

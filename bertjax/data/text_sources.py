@@ -1,0 +1,250 @@
+"""The text prepare tokenizes: bertjax's own datasets (built here) or a public TFDS one.
+
+``text_sources(config, data_dir, engine)`` returns, per wanted split, a
+``units.TextSource`` (picklable random access to its documents) with the
+split's size. It builds what is missing of bertjax's own text datasets:
+
+* ``bertjax_python_docs``: the embedded demo corpus, a small TFDS builder.
+* ``bertjax_local_text/<files|paragraphs>``: the user's files, read a block
+  at a time by units (bertjax/data/units.py) on ``engine``'s workers, so that
+  neither the files nor the splits are ever held in memory.
+
+A public TFDS dataset is read where the user prepared it; bertjax never
+downloads one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import re
+import time
+from typing import Any, Iterable
+
+from absl import logging
+import tensorflow_datasets as tfds
+
+from bertjax.data import builders
+from bertjax.data import shards
+from bertjax.data import staged
+from bertjax.data import units
+from bertjax.data import workers
+
+OWN_DATASETS = ("bertjax_python_docs", "bertjax_local_text")
+# prepare reads documents by index (in ranges, on many workers): ArrayRecord.
+_TF_EXTRA_HINT = ("prepare it as array_record, which bertjax reads by index "
+                  "(tfds build {name} --file_format=array_record)")
+_LOCAL_VERSION = "1.0.0"
+
+
+@dataclasses.dataclass(frozen=True)
+class Engine:
+  """How units run: ``workers`` processes here, or Beam's ``beam_runner``."""
+  workers: int = 1
+  block_bytes: int = 8 << 20
+  beam_runner: str = ""
+  beam_options: tuple[str, ...] = ()
+
+  def run(self, fn, tasks, progress: workers.Progress | None = None) -> None:
+    # Under a block of text, starting processes costs more than it saves.
+    small = progress is not None and progress.total_bytes <= self.block_bytes
+    workers.run(fn, tasks, workers=1 if small else self.workers,
+                beam_runner=self.beam_runner, beam_options=self.beam_options,
+                progress=progress)
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+  """One wanted split: its documents, their number and (estimated) text bytes."""
+  source: units.TextSource
+  num_docs: int
+  num_bytes: int
+  # Sentences in the split, when the dataset recorded them (else None).
+  num_sentences: int | None = None
+
+
+def _base_split(split: str) -> str:
+  """'train[:10%]' -> 'train'."""
+  return re.match(r"[\w-]*", split).group(0)
+
+
+def _check_splits(dataset: str, available: Iterable[str], wanted: list[str]) -> None:
+  available = sorted(available)
+  for split in wanted:
+    if _base_split(split) not in available:
+      field = "train_split" if split == wanted[0] else "eval_split"
+      raise ValueError(
+          f"Dataset {dataset!r} has no split {split!r} (it has {available}); set "
+          f"--config.{field} to one of them, or a slice such as 'train[:1%]'.")
+
+
+def _python_docs(data_dir: str) -> str:
+  builder = builders.BertjaxPythonDocs(data_dir=data_dir,
+                                       file_format=builders.FILE_FORMAT)
+  if builder.is_prepared():
+    logging.info("Reusing text dataset %s.", builder.data_path)
+  else:
+    builder.download_and_prepare()
+    shards.write_manifest(os.fspath(builder.data_path))
+  return os.fspath(builder.data_path)
+
+
+def _local_text(config, data_dir: str, engine: Engine) -> str:
+  """Builds (if missing) the text dataset of config.text_files; returns its directory."""
+  cfg = config.dataset.partition("/")[2] or "files"
+  if cfg not in builders.LOCAL_TEXT_CONFIGS:
+    raise ValueError(
+        f"bertjax_local_text has no config {cfg!r}; set --config.dataset to "
+        f"{' or '.join('bertjax_local_text/' + k for k in builders.LOCAL_TEXT_CONFIGS)}.")
+  if not config.get("text_files"):
+    raise ValueError(
+        "bertjax_local_text needs input files; set --config.text_files to "
+        "comma-separated paths or globs of UTF-8 text files.")
+  paths = builders.resolve_text_files(config.text_files)
+  if not paths:
+    raise ValueError(builders.no_files_message(config.text_files))
+  fingerprint = builders.files_fingerprint(paths)
+  dataset_dir = os.path.join(data_dir, "bertjax_local_text", cfg, _LOCAL_VERSION)
+  if staged.is_published(dataset_dir):
+    stored = tfds.builder_from_directory(dataset_dir).info.metadata
+    if stored.get("files_fingerprint") != fingerprint:
+      raise ValueError(
+          f"{dataset_dir} was built from other text files "
+          f"({stored.get('text_files')!r}); point --config.data_dir at a new "
+          f"directory to prepare {config.text_files!r}.")
+    logging.info("Reusing text dataset %s.", dataset_dir)
+    return dataset_dir
+
+  start = time.time()
+  plan = hashlib.sha256(
+      f"{fingerprint}|{cfg}|{engine.block_bytes}".encode()).hexdigest()[:16]
+  stage = staged.Stage(dataset_dir, "bertjax_local_text", plan)
+  stage.clear_other_plans()
+  groups = units.plan_text(paths, engine.block_bytes)
+  tasks = [units.TextTask(i, tuple(g), cfg == "paragraphs", dataset_dir,
+                          "bertjax_local_text", plan)
+           for i, g in enumerate(groups)]
+  todo = [t for t in tasks if stage.receipt(t.index) is None]
+  logging.info("Reading %d text files (%.1f MB) in %d units, %d to do ...",
+               len(paths), sum(os.path.getsize(p) for p in paths) / 1e6,
+               len(tasks), len(todo))
+  engine.run(units.run_text, todo, workers.Progress(
+      "text", sum(sum(min(p.end, p.size) - p.start for p in t.pieces) for t in todo),
+      len(todo)))
+  receipts = [stage.receipt(t.index) for t in tasks]
+  skipped: dict[str, list[str]] = {}
+  for receipt in receipts:
+    for reason, bad in receipt["stats"]["skipped"].items():
+      skipped.setdefault(reason, []).extend(bad)
+  for reason, bad in sorted(skipped.items()):
+    logging.warning("Skipped %d %s text file(s): %s", len(bad), reason, ", ".join(bad))
+  docs = sum(r["stats"]["documents"] for r in receipts)
+  if not docs and skipped:
+    stage.remove()
+    problems = "; ".join(f"{len(p)} {r}: {', '.join(p[:5])}"
+                         for r, p in sorted(skipped.items()))
+    raise ValueError(
+        f"None of the {len(paths)} files of --config.text_files is usable "
+        f"({problems}); pass non-empty UTF-8 text files.")
+  if docs < 2:
+    stage.remove()
+    raise ValueError(
+        f"--config.text_files gives {docs} document(s) but a train and a "
+        f"validation split need at least 2; add files or use "
+        f"--config.dataset=bertjax_local_text/paragraphs.")
+  _fill_empty_split(tasks, receipts, stage, engine)
+  receipts = [stage.receipt(t.index) for t in tasks]
+  sentences = {split: sum(r["stats"]["sentences"].get(split, 0) for r in receipts)
+               for split in ("train", "validation")}
+  stage.publish(len(tasks), ["train", "validation"], builders.text_features(), {
+      "text_files": config.text_files, "files_fingerprint": fingerprint,
+      "num_sentences": sentences}, "The user's text files, split into sentences.")
+  shards.write_manifest(dataset_dir)
+  logging.info("Built %s in %.1f s: %d documents from %d files.", config.dataset,
+               time.time() - start, docs, len(paths))
+  return dataset_dir
+
+
+def _fill_empty_split(tasks, receipts, stage: staged.Stage, engine: Engine) -> None:
+  """Moves the document nearest the hold-out threshold into an empty split.
+
+  Few documents can leave one split empty; the moved document is a function
+  of the documents' names alone, so the choice does not depend on the units.
+  """
+  counts = {s: sum(r["records"].get(s, 0) for r in receipts)
+            for s in ("train", "validation")}
+  for empty, other, pick in (("validation", "train", min), ("train", "validation", max)):
+    if counts[empty]:
+      continue
+    candidates = [(tuple(r["stats"]["edge"][other]), t)
+                  for t, r in zip(tasks, receipts) if r["stats"]["edge"][other]]
+    (_, doc_id), task = pick(candidates, key=lambda c: c[0])
+    moved = dataclasses.replace(task, overrides=((doc_id, empty),))
+    engine.run(units.run_text, [moved])
+    return
+
+
+def _public_data_dir(config, data_dir: str) -> str | None:
+  """Where a public TFDS dataset lives: ``data_dir`` if it is there, else TFDS's default."""
+  name = config.dataset.partition("/")[0].partition(":")[0]
+  return data_dir if os.path.isdir(os.path.join(data_dir, name)) else None
+
+
+def _public_builder(config, tfds_dir: str | None) -> Any:
+  """The prepared builder of a public TFDS dataset, or a ValueError with the fix."""
+  name = config.dataset
+  try:
+    builder = tfds.builder(name, data_dir=tfds_dir)
+  except tfds.core.registered.DatasetNotFoundError:
+    raise ValueError(
+        f"Unknown dataset {name!r}; set --config.dataset to bertjax_python_docs, "
+        f"bertjax_local_text (with --config.text_files) or a TFDS text dataset "
+        f"such as wikipedia/20230601.en.") from None
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(
+        f"Cannot open TFDS dataset {name!r} ({e}); "
+        + _TF_EXTRA_HINT.format(name=name) + ".") from e
+  if not builder.is_prepared():
+    raise ValueError(
+        f"TFDS dataset {name!r} is not prepared in {builder.data_dir}; prepare it "
+        f"first (tfds build {name} --file_format=array_record), bertjax never "
+        f"downloads it.")
+  return builder
+
+
+def _sized(source: units.TextSource, info: Any, split: str,
+           sentences: dict[str, int] | None) -> Split:
+  try:
+    num_docs = len(source.open())
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(
+        f"Cannot read TFDS dataset {source.path!r} split {split!r} ({e}); "
+        + _TF_EXTRA_HINT.format(name=source.path) + ".") from e
+  full = info.splits[_base_split(split)]
+  num_bytes = full.num_bytes * num_docs // max(full.num_examples, 1)
+  exact = (sentences or {}).get(split) if split == _base_split(split) else None
+  return Split(source, num_docs, max(num_bytes, 1), exact)
+
+
+def text_sources(config, data_dir: str, engine: Engine) -> dict[str, Split]:
+  """split name -> its documents and size (train split first)."""
+  wanted = [config.train_split] + ([config.eval_split] if config.get("eval_split") else [])
+  name = config.dataset.partition("/")[0]
+  if name in OWN_DATASETS:
+    if name == "bertjax_python_docs" and config.dataset.partition("/")[2]:
+      raise ValueError(
+          f"bertjax_python_docs has no config {config.dataset.partition('/')[2]!r}; "
+          f"set --config.dataset=bertjax_python_docs.")
+    dataset_dir = (_python_docs(data_dir) if name == "bertjax_python_docs"
+                   else _local_text(config, data_dir, engine))
+    info = tfds.builder_from_directory(dataset_dir).info
+    _check_splits(config.dataset, info.splits, wanted)
+    return {s: _sized(units.TextSource("own", dataset_dir, s, data_dir), info, s,
+                      info.metadata.get("num_sentences")) for s in wanted}
+  tfds_dir = _public_data_dir(config, data_dir)
+  builder = _public_builder(config, tfds_dir)
+  _check_splits(config.dataset, builder.info.splits, wanted)
+  return {s: _sized(units.TextSource("public", config.dataset, s, data_dir, tfds_dir,
+                                     config.text_feature), builder.info, s, None)
+          for s in wanted}

@@ -1,0 +1,122 @@
+"""Running prepare's units: in this process, in worker processes, or on Apache Beam.
+
+A *task* is a picklable description of one unit of work (bertjax/data/units.py)
+and ``run_unit(task)`` does it, writing its output and receipt itself
+(bertjax/data/staged.py), so the engine only has to call it once per task:
+
+* ``workers == 1``: in this process, in order.
+* ``workers > 1``: a pool of spawned processes (spawn, not fork: the parent
+  may hold JAX, whose threads do not survive a fork). Each worker handles
+  whole units; the output does not depend on which worker ran what.
+* ``beam_runner``: an Apache Beam pipeline ``Create(tasks) | Map(run_unit)``
+  on that runner (DirectRunner locally, DataflowRunner, SparkRunner, ...),
+  with ``beam_options`` as its pipeline options. Beam workers need bertjax
+  installed and a data_dir they can all reach (gs:// on Dataflow).
+
+Progress is reported as units finish: documents, MB of input, MB/s and ETA.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from typing import Any, Callable, Sequence
+
+from absl import logging
+
+
+def resolve_workers(value: int) -> int:
+  """config.prepare_workers: 0 = one per core of this machine."""
+  if value < 0:
+    raise ValueError(
+        f"config.prepare_workers={value} is negative; set it to 0 (all cores) "
+        f"or a number of processes.")
+  return value or (os.cpu_count() or 1)
+
+
+def _init_worker() -> None:
+  # A worker stops with its pool: Ctrl-C and SIGTERM go to the parent, which
+  # terminates the pool; handlers inherited from the program must not run here.
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+class Progress:
+  """Logs a line per finished unit: units, documents, MB, MB/s, ETA."""
+
+  def __init__(self, what: str, total_bytes: int, num_units: int):
+    self._what = what
+    self.total_bytes = total_bytes
+    self._total = max(total_bytes, 1)
+    self._units = num_units
+    self._start = time.time()
+    self._done_units = self._docs = self._bytes = 0
+    self._last = 0.0
+
+  def update(self, docs: int, num_bytes: int) -> None:
+    self._done_units += 1
+    self._docs += docs
+    self._bytes += num_bytes
+    now = time.time()
+    if now - self._last < 10 and self._done_units < self._units:
+      return
+    self._last = now
+    rate = self._bytes / max(now - self._start, 1e-9)
+    eta = (self._total - self._bytes) / rate if rate else float("inf")
+    logging.info("%s: %d/%d units, %d documents, %.1f/%.1f MB, %.2f MB/s, ETA %s",
+                 self._what, self._done_units, self._units, self._docs,
+                 self._bytes / 1e6, self._total / 1e6, rate / 1e6,
+                 time.strftime("%H:%M:%S", time.gmtime(max(eta, 0))))
+
+
+def run(run_unit: Callable[[Any], dict[str, Any]], tasks: Sequence[Any], *,
+        workers: int, beam_runner: str = "", beam_options: Sequence[str] = (),
+        progress: Progress | None = None) -> None:
+  """Runs ``run_unit`` on every task (each writes its own output and receipt).
+
+  Args:
+    run_unit: a module-level function (picklable); returns the unit's
+      receipt, whose ``stats`` may hold ``documents`` and ``input_bytes``.
+    tasks: picklable unit descriptions.
+    workers: processes on this machine when no Beam runner is given.
+    beam_runner: an Apache Beam runner name; '' runs on this machine.
+    beam_options: extra Beam pipeline options, e.g. ['--project=p'].
+    progress: reporter of finished units.
+  """
+  if not tasks:
+    return
+
+  def report(receipt):
+    if progress is not None:
+      stats = receipt.get("stats", {})
+      progress.update(stats.get("documents", 0), stats.get("input_bytes", 0))
+
+  if beam_runner:
+    _run_beam(run_unit, tasks, beam_runner, beam_options)
+    return
+  if workers <= 1 or len(tasks) == 1:
+    for task in tasks:
+      report(run_unit(task))
+    return
+  context = multiprocessing.get_context("spawn")
+  with context.Pool(min(workers, len(tasks)), initializer=_init_worker) as pool:
+    for receipt in pool.imap_unordered(run_unit, tasks, chunksize=1):
+      report(receipt)
+
+
+def _run_beam(run_unit, tasks, runner: str, options: Sequence[str]) -> None:
+  try:
+    import apache_beam as beam  # pylint: disable=g-import-not-at-top
+    from apache_beam.options import pipeline_options  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise ValueError(
+        "--beam_runner needs Apache Beam; install the beam extra "
+        "(pip install 'bertjax[beam]').") from None
+  opts = pipeline_options.PipelineOptions(list(options), runner=runner)
+  logging.info("Running %d units on Beam's %s.", len(tasks), runner)
+  with beam.Pipeline(options=opts) as pipeline:
+    _ = (pipeline
+         | "units" >> beam.Create(list(tasks), reshuffle=True)
+         | "run" >> beam.Map(run_unit))
