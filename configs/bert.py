@@ -44,8 +44,9 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   # How prepare works at scale (bertjax/data/prepare.py); the shards it makes
   # do not depend on the first two.
   c.prepare_workers = 0  # tokenizing processes; 0 = one per core
-  c.prepare_block_mb = 8  # MB of text per unit of work (and per shard)
-  c.tokenizer_sample_sentences = 1_000_000  # uniform sample the tokenizer trains on
+  c.prepare_block_mb = 8.0  # MB of text per unit of work (and per shard)
+  # uniform sample the tokenizer trains on; sentencepiece needs ~2 GB per 1M
+  c.tokenizer_sample_sentences = 500_000
   # sentencepiece trainer threads: fixed, because its model changes with them
   c.tokenizer_train_threads = 8
 

@@ -38,8 +38,10 @@ from bertjax.data import tokenizer as tokenizer_lib
 FILE_FORMAT = "array_record"
 # Fraction of the user's documents held out for validation, by hash of their id.
 LOCAL_VALIDATION_FRACTION = 0.05
-# Documents tokenized per sentencepiece batch call.
+# At most this many documents, and about this many sentences, are tokenized
+# per sentencepiece batch call.
 _ENCODE_CHUNK = 256
+_ENCODE_SENTENCES = 4096
 
 # A text document as the tokenizer step sees it: (document id, sentences).
 Document = tuple[str, list[str]]
@@ -158,9 +160,13 @@ def tokenize_documents(docs: Iterable[Document], tok: tokenizer_lib.Tokenizer,
   """
   reader = knowledge_lib.WordReader(tok) if marker is not None else None
 
+  def encode(flat):
+    # Bounded batches: one huge document must not become one huge call.
+    for start in range(0, len(flat), _ENCODE_SENTENCES):
+      yield from tok.encode_batch(flat[start:start + _ENCODE_SENTENCES])
+
   def flush(chunk):
-    flat = [s for _, sents in chunk for s in sents]
-    encoded = iter(tok.encode_batch(flat))
+    encoded = encode([s for _, sents in chunk for s in sents])
     for index, sents in chunk:
       pieces = [next(encoded) for _ in sents]
       pieces = [p for p in pieces if p.size]
@@ -176,12 +182,13 @@ def tokenize_documents(docs: Iterable[Document], tok: tokenizer_lib.Tokenizer,
         example.update(marker.mark(example, reader))
       yield index, example
 
-  chunk = []
+  chunk, sentences = [], 0
   for index, (_, sents) in enumerate(docs):
     chunk.append((index, sents))
-    if len(chunk) == _ENCODE_CHUNK:
+    sentences += len(sents)
+    if len(chunk) == _ENCODE_CHUNK or sentences >= _ENCODE_SENTENCES:
       yield from flush(chunk)
-      chunk = []
+      chunk, sentences = [], 0
   yield from flush(chunk)
 
 

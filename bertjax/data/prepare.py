@@ -159,7 +159,7 @@ def _train_tokenizer(config, path: str, train: text_sources.Split,
   depend on the workers; below ``sample`` sentences, all are kept. The sample
   is staged beside the tokenizer and read back in corpus order.
   """
-  wanted = config.get("tokenizer_sample_sentences", 1_000_000)
+  wanted = config.get("tokenizer_sample_sentences", 500_000)
   total = _sentences_in(train)
   threshold = 1 << 64 if total <= wanted else int(wanted / total * 2.0**64)
   plan = hashlib.sha256(f"{train.source}|{threshold}|{_SAMPLE_SEED}".encode()
@@ -186,9 +186,10 @@ def _train_tokenizer(config, path: str, train: text_sources.Split,
 
   start = time.time()
   threads = config.get("tokenizer_train_threads", 1)
-  tok = tokenizer_lib.train(
-      sample(), path, config.vocab_size, config.tokenizer, num_threads=threads,
-      extremely_large=min(wanted, total) > tokenizer_lib.EXTREMELY_LARGE)
+  # sentencepiece >= 0.2 sizes its suffix arrays itself (its old
+  # train_extremely_large_corpus flag is ignored), so any sample size trains.
+  tok = tokenizer_lib.train(sample(), path, config.vocab_size, config.tokenizer,
+                            num_threads=threads)
   stage.remove()
   logging.info("Trained tokenizer %s (%d threads) in %.1f s.", path, threads,
                time.time() - start)

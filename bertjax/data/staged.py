@@ -33,11 +33,30 @@ from typing import Any, Iterable, Mapping, Sequence
 from array_record.python import array_record_module
 from etils import epath
 import tensorflow_datasets as tfds
+from tensorflow_datasets.core import example_serializer
 
 STAGING = ".staging"
 # One record per Riegeli chunk group: every record is a cheap random access.
 _WRITER_OPTIONS = "group_size:1"
 _TEMPLATE = "{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}"
+
+
+class Serializer:
+  """Encodes examples of a FeaturesDict to bytes, the same bytes in every process.
+
+  TFDS's own ``serialize_example`` writes the tf.train.Example's feature map
+  in an order that varies between processes; deterministic serialization sorts
+  it, so that a unit's shard does not depend on which process wrote it.
+  """
+
+  def __init__(self, features):
+    self._features = features
+    self._serializer = example_serializer.ExampleSerializer(
+        features.get_serialized_info())
+
+  def __call__(self, example: Mapping[str, Any]) -> bytes:
+    proto = self._serializer.get_tf_example(self._features.encode_example(example))
+    return proto.SerializeToString(deterministic=True)
 
 
 def is_local(path: str | os.PathLike) -> bool:
@@ -155,7 +174,7 @@ class Stage:
       for shard_index, unit in enumerate(units):
         name = (f"{self.dataset_name}-{split}.array_record-"
                 f"{shard_index:05d}-of-{len(units):05d}")
-        self._shard(unit, split).rename(self.dataset_dir / name)
+        self._shard(unit, split).replace(self.dataset_dir / name)
         lengths.append(receipts[unit]["records"][split])
         num_bytes += receipts[unit]["bytes"][split]
       template = tfds.core.ShardedFileTemplate(
@@ -182,7 +201,7 @@ class Stage:
 def _write_atomically(path: epath.Path, text: str) -> None:
   tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
   tmp.write_text(text)
-  tmp.rename(path)
+  tmp.replace(path)
 
 
 def is_published(dataset_dir: str | os.PathLike) -> bool:

@@ -37,9 +37,6 @@ MODEL_TYPES = tuple(_MODEL_TYPES)
 WORD_START = "\u2581"
 # Fixed seed of sentencepiece's trainer: the same corpus gives the same model.
 _TRAIN_SEED = 0
-# Above this many training sentences sentencepiece's 32-bit suffix array may
-# overflow; its 64-bit mode (train_extremely_large_corpus) is asked for then.
-EXTREMELY_LARGE = 10_000_000
 _TOO_HIGH = re.compile(r"Vocabulary size too high \((\d+)\).*?<= (\d+)", re.S)
 _TOO_LOW = re.compile(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)")
 
@@ -124,8 +121,14 @@ class Tokenizer:
     return ids, self._word_start[ids]
 
   def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
-    """Tokenizes many texts at once; returns one int32 [n_i] array per text."""
-    return [np.asarray(ids, dtype=np.int32) for ids in self._sp.encode(texts)]
+    """Tokenizes many texts at once; returns one int32 [n_i] array per text.
+
+    One thread: prepare's parallelism is its worker processes
+    (config.prepare_workers); sentencepiece's own threads would compete with
+    them and give each process one malloc arena per thread to keep.
+    """
+    return [np.asarray(ids, dtype=np.int32)
+            for ids in self._sp.encode(texts, num_threads=1)]
 
   def word_starts(self, ids: np.ndarray) -> np.ndarray:
     """bool [n]: whether each id's piece begins a word."""
@@ -145,8 +148,7 @@ class Tokenizer:
 
 
 def train(sentences: Iterable[str], model_path: str, vocab_size: int,
-          model_type: str = "unigram", num_threads: int = 1,
-          extremely_large: bool = False) -> Tokenizer:
+          model_type: str = "unigram", num_threads: int = 1) -> Tokenizer:
   """Trains a sentencepiece model on sentences and writes it to ``model_path``.
 
   Training is deterministic (fixed seed, corpus order, a fixed thread count),
@@ -162,8 +164,6 @@ def train(sentences: Iterable[str], model_path: str, vocab_size: int,
     model_type: 'unigram', 'bpe' or 'bpe_bytes' (the same as 'bpe'); all
       three fall back to bytes for characters outside the vocabulary.
     num_threads: sentencepiece trainer threads.
-    extremely_large: use sentencepiece's 64-bit mode (slower), needed above
-      about ``EXTREMELY_LARGE`` sentences.
 
   Returns:
     The trained Tokenizer.
@@ -199,8 +199,6 @@ def train(sentences: Iterable[str], model_path: str, vocab_size: int,
         num_threads=num_threads,
         # All of the (already sampled) input, in its order.
         input_sentence_size=0, shuffle_input_sentence=False,
-        # 32-bit suffix arrays overflow on very large inputs.
-        train_extremely_large_corpus=extremely_large,
         minloglevel=2)
   except RuntimeError as e:
     too_high = _TOO_HIGH.search(str(e))

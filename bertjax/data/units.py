@@ -9,8 +9,9 @@ receipt (bertjax/data/workers.py runs them):
   piece of a large file. Pieces are cut near multiples of the block size at
   the first line break after it (else whitespace, else a character boundary),
   so a file of any size, even a single 50 MB line, is read a block at a time.
-  A file of several pieces gives one document per piece ('files') or its
-  paragraphs ('paragraphs'); all pieces of a file go to the same split.
+  A file of several pieces gives one document per piece ('files'; all of
+  them go to the file's split) or its paragraphs ('paragraphs', each held out
+  by the hash of its id, as in a small file).
 * ``SampleTask`` -- the tokenizer's training sample: every sentence of a
   range of train documents whose hash ``sentence_key(seed, doc, sentence)``
   falls below a threshold, i.e. a Bernoulli sample of rate p, the same
@@ -204,7 +205,7 @@ def _piece_documents(piece: Piece, text: str, paragraphs: bool
   if paragraphs:
     for i, block in enumerate(sentences_lib.split_paragraphs(text)):
       doc_id = f"{prefix}#{i}"
-      yield doc_id, doc_id if whole else piece.name, sentences_lib.split_paragraph(block)
+      yield doc_id, doc_id, sentences_lib.split_paragraph(block)
   else:
     yield prefix, piece.name, sentences_lib.split_sentences(text)
 
@@ -215,7 +216,7 @@ def _digest(name: str) -> str:
 
 def run_text(task: TextTask) -> dict[str, Any]:
   """Reads a unit's pieces, splits sentences, writes its train/validation records."""
-  features = builders.text_features()
+  serialize = staged.Serializer(builders.text_features())
   overrides = dict(task.overrides)
   out = {"train": [], "validation": []}
   skipped: dict[str, list[str]] = {}
@@ -250,7 +251,7 @@ def run_text(task: TextTask) -> dict[str, Any]:
       split = overrides.get(doc_id) or (
           "validation" if python_docs.is_validation(name, builders.LOCAL_VALIDATION_FRACTION)
           else "train")
-      out[split].append(features.serialize_example({"id": doc_id, "sentences": sents}))
+      out[split].append(serialize({"id": doc_id, "sentences": sents}))
       sentences[split] += len(sents)
       docs += 1
       key = (_digest(name), doc_id)
@@ -330,7 +331,7 @@ def run_tokenize(task: TokenizeTask) -> dict[str, Any]:
   tok = load_tokenizer(task.tokenizer_path)
   marker = (knowledge_lib.Marker.read(task.knowledge_dir)
             if task.knowledge_dir else None)
-  features = builders.tokenized_features(marker is not None)
+  serialize = staged.Serializer(builders.tokenized_features(marker is not None))
   # Filled in while the shard is written; the receipt is written after.
   stats = {"documents": 0, "input_bytes": 0, "tokens": 0, "unk": 0}
 
@@ -344,7 +345,7 @@ def run_tokenize(task: TokenizeTask) -> dict[str, Any]:
       stats["documents"] += 1
       stats["tokens"] += int(example["tokens"].size)
       stats["unk"] += int(np.count_nonzero(example["tokens"] == batch_lib.UNK_ID))
-      yield features.serialize_example(example)
+      yield serialize(example)
 
   stage = staged.Stage(task.dataset_dir, task.dataset_name, task.plan)
   return stage.write_unit(task.index, {task.split_key: records()}, stats)

@@ -1,0 +1,220 @@
+"""prepare at scale: the same shards from 1 or 2 workers, Beam, or after kill -9;
+a uniform tokenizer sample; a huge one-line file read a block at a time."""
+
+import hashlib
+import os
+import re
+import resource
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from bertjax.data import prepare
+from bertjax.data import python_docs
+from bertjax.data import staged
+from bertjax.data import units
+
+_BLOCK_MB = 0.03  # ~10 units for the ~300 KB test corpus
+
+
+def _config(demo_config, text_files, **overrides):
+  config = demo_config.copy_and_resolve_references()
+  config.dataset = "bertjax_local_text"
+  config.text_files = str(text_files)
+  config.vocab_size = 600
+  config.prepare_block_mb = _BLOCK_MB
+  config.tokenizer_sample_sentences = 2000
+  for k, v in overrides.items():
+    config[k] = v
+  return config
+
+
+def _published(data_dir):
+  """relative path -> sha256 of every published shard and the tokenizer."""
+  out = {}
+  for root, _, files in os.walk(data_dir):
+    for name in files:
+      if ".array_record-" in name or name.endswith(".model"):
+        path = os.path.join(root, name)
+        with open(path, "rb") as f:
+          out[os.path.relpath(path, data_dir)] = hashlib.sha256(f.read()).hexdigest()
+  return out
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+  """The pydoc topics, one file each, plus a file larger than a unit."""
+  root = tmp_path_factory.mktemp("scale_texts")
+  for name, paragraphs in python_docs.topic_documents():
+    (root / f"{name.split(':')[1]}.txt").write_text("\n\n".join(paragraphs) + "\n")
+  big = [p for _, paras in python_docs.topic_documents() for p in paras][:400]
+  (root / "zz_big.txt").write_text("\n\n".join(big) + "\n")
+  return root
+
+
+@pytest.fixture(scope="module")
+def reference(corpus, demo_config, tmp_path_factory):
+  """One in-process prepare (1 worker): data_dir and its published files."""
+  data_dir = str(tmp_path_factory.mktemp("reference") / "data")
+  config = _config(demo_config, f"{corpus}/*.txt", prepare_workers=1)
+  prepared = prepare.prepare(config, data_dir)
+  return data_dir, _published(data_dir), prepared
+
+
+def test_many_units_and_shards(reference, corpus):
+  data_dir, files, prepared = reference
+  text_shards = [f for f in files if f.startswith("bertjax_local_text/")]
+  token_shards = [f for f in files if f.startswith("bertjax_tokenized/")]
+  assert len(text_shards) >= 5 and len(token_shards) >= 5
+  # The large file was cut into several documents, all in one split.
+  source = prepared.source("train")
+  assert prepared.splits["train"] == len(source)
+  builder_dir = os.path.join(data_dir, "bertjax_local_text", "files", "1.0.0")
+  import tensorflow_datasets as tfds
+  ids = {split: [r["id"].decode() for r in tfds.builder_from_directory(builder_dir)
+                 .as_data_source(split)] for split in ("train", "validation")}
+  pieces = {s: [i for i in v if i.startswith("zz_big.txt@")] for s, v in ids.items()}
+  assert len(pieces["train"]) + len(pieces["validation"]) >= 3
+  assert not pieces["train"] or not pieces["validation"]
+  assert not os.path.exists(os.path.join(builder_dir, staged.STAGING))
+
+
+def test_two_workers_give_the_same_bytes(reference, corpus, demo_config, tmp_path):
+  _, want, _ = reference
+  data_dir = str(tmp_path / "data")
+  prepare.prepare(_config(demo_config, f"{corpus}/*.txt", prepare_workers=2), data_dir)
+  assert _published(data_dir) == want
+
+
+def test_beam_direct_runner_gives_the_same_bytes(reference, corpus, demo_config,
+                                                  tmp_path):
+  pytest.importorskip("apache_beam")
+  _, want, _ = reference
+  data_dir = str(tmp_path / "data")
+  prepare.prepare(_config(demo_config, f"{corpus}/*.txt"), data_dir,
+                  beam_runner="DirectRunner")
+  assert _published(data_dir) == want
+
+
+def test_kill_9_then_rerun_gives_the_same_bytes(reference, corpus, tmp_path):
+  """A prepare killed (whole process group) once units are done resumes from them."""
+  _, want, _ = reference
+  workdir = tmp_path / "run"
+  flags = [sys.executable, "-m", "bertjax.prepare", "--config=bert.py:tiny",
+           f"--workdir={workdir}", "--config.dataset=bertjax_local_text",
+           f"--config.text_files={corpus}/*.txt", "--config.vocab_size=600",
+           f"--config.prepare_block_mb={_BLOCK_MB}",
+           "--config.tokenizer_sample_sentences=2000", "--config.prepare_workers=2"]
+  env = dict(os.environ, PYTHONPATH=os.getcwd())
+  proc = subprocess.Popen(flags, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                          start_new_session=True, env=env, cwd=str(tmp_path))
+  staging = workdir / "data" / "bertjax_tokenized" / "bertjax_local_text" / "1.0.0" / (
+      staged.STAGING)
+  deadline = time.time() + 300
+  while time.time() < deadline and proc.poll() is None:
+    if staging.exists() and any(p.suffix == ".json" for p in staging.iterdir()):
+      break
+    time.sleep(0.05)
+  assert proc.poll() is None, "prepare finished before it could be killed"
+  os.killpg(proc.pid, signal.SIGKILL)
+  proc.wait()
+  done = [p for p in staging.iterdir() if p.suffix == ".json"]
+  assert done and not (staging.parent / "dataset_info.json").exists()
+  rerun = subprocess.run(flags, capture_output=True, text=True, env=env,
+                         cwd=str(tmp_path))
+  assert rerun.returncode == 0, rerun.stderr[-2000:]
+  match = re.search(r"(\d+) units, (\d+) to do", rerun.stderr.split("Tokenizing")[-1])
+  assert match and int(match.group(2)) < int(match.group(1))
+  assert _published(str(workdir / "data")) == want
+
+
+def test_tokenizer_sample_is_uniform_over_a_sorted_corpus(demo_config, tmp_path):
+  """Sources sorted by name: the last one's words still get pieces.
+
+  Three sources of 3000 sentences, each with its own invented words; the
+  sample is 1500 sentences, so training on the first 1500 (the old way) would
+  see only source A. Each source's share of the sample is checked against
+  1/3 within 5 standard deviations of a binomial draw.
+  """
+  rng = np.random.default_rng(0)
+  syllables = {"a": ["ka", "lo", "mi"], "b": ["tu", "ne", "sa"], "c": ["zor", "quib", "vex"]}
+  words = {s: ["".join(rng.choice(syl, 4)) for _ in range(30)] for s, syl in syllables.items()}
+  for source in "abc":
+    lines = [" ".join(rng.choice(words[source], 8)).capitalize() + "." for _ in range(3000)]
+    (tmp_path / f"{source}.txt").write_text("\n\n".join(
+        " ".join(lines[i:i + 10]) for i in range(0, 3000, 10)) + "\n")
+  config = _config(demo_config, f"{tmp_path}/*.txt", tokenizer_sample_sentences=1500,
+                   vocab_size=420,
+                   dataset="bertjax_local_text/paragraphs", prepare_workers=1)
+  data_dir = str(tmp_path / "data")
+  prepared = prepare.prepare(config, data_dir)
+  tok = prepared.tokenizer()
+  for source in "abc":
+    pieces = np.mean([len(tok.encode(w)[0]) for w in words[source]])
+    assert pieces <= 2.5, (source, pieces)  # whole invented words, not bytes
+
+  # The sample itself: about 1500 sentences, each source by its share.
+  sources = prepare.text_sources.text_sources(config, data_dir, prepare.engine_of(config))
+  train = sources["train"]
+  totals, kept = {s: 0 for s in "abc"}, {s: 0 for s in "abc"}
+  docs = list(train.source.documents(0, train.num_docs))
+  threshold = int(1500 / sum(len(sents) for _, (_, sents) in docs) * 2.0**64)
+  for index, (doc_id, sents) in docs:
+    keys = units.sentence_keys(0, index, len(sents))
+    totals[doc_id[0]] += len(sents)
+    kept[doc_id[0]] += int(np.count_nonzero(keys < np.uint64(threshold)))
+  assert abs(sum(kept.values()) - 1500) < 5 * np.sqrt(1500)
+  for source in "abc":
+    share = totals[source] * 1500 / sum(totals.values())
+    assert abs(kept[source] - share) < 5 * np.sqrt(share), (kept, totals)
+
+
+def test_one_line_50mb_file_is_read_a_block_at_a_time(demo_config, tmp_path):
+  """Peak memory of preparing a 50 MB single line is that of a 5 MB one, nearly."""
+  rng = np.random.default_rng(1)
+  letters = list("abcdefghijklmnopqrstuvwxyz")
+  vocabulary = np.array(["".join(rng.choice(letters, 6)) for _ in range(200)])
+  # The subprocess records the largest block read (a spy on units.read_piece).
+  script = ("import resource, sys\n"
+            "from bertjax import config_files\n"
+            "from bertjax.data import prepare, units\n"
+            "largest = [0]\n"
+            "read = units.read_piece\n"
+            "def spy(piece):\n"
+            "  data = read(piece); largest[0] = max(largest[0], len(data)); return data\n"
+            "units.read_piece = spy\n"
+            "c = config_files.shipped('bert').get_config('tiny')\n"
+            "c.dataset = 'bertjax_local_text'; c.text_files = sys.argv[1]\n"
+            "c.vocab_size = 500; c.prepare_workers = 1; c.prepare_block_mb = 4\n"
+            "c.tokenizer_sample_sentences = 3000\n"
+            "p = prepare.prepare(c, sys.argv[2])\n"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "
+            "sum(p.splits.values()), largest[0])\n")
+  peaks, docs = {}, {}
+  for megabytes in (5, 50):
+    sentences = np.array([" ".join(rng.choice(vocabulary, 9)).capitalize() + "."
+                          for _ in range(2000)])
+    count = megabytes * 1_000_000 // (len(sentences[0]) + 1)
+    line = " ".join(sentences[rng.integers(0, len(sentences), count)])
+    path = tmp_path / f"line{megabytes}.txt"
+    path.write_text(line.strip())
+    assert path.read_bytes().count(b"\n") == 0
+    out = subprocess.run([sys.executable, "-c", script, str(path),
+                          str(tmp_path / f"data{megabytes}")],
+                         capture_output=True, text=True, cwd=str(tmp_path),
+                         env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    assert out.returncode == 0, out.stderr[-2000:]
+    peak_kb, count, largest = out.stdout.split()[-3:]
+    peaks[megabytes], docs[megabytes] = int(peak_kb) / 1024, int(count)
+    assert int(largest) <= 4 * 2**20 + 2**16  # a block and the cut window
+    path.unlink()
+  # Read whole, the 50 MB line would cost at least its bytes, its decoded str,
+  # its whitespace-collapsed copy and its sentences (> 200 MB more than the 5
+  # MB one); read a block at a time, only allocator slack grows (measured:
+  # 50-160 MB depending on the environment's threads).
+  assert peaks[50] - peaks[5] < 200, peaks
+  assert docs[50] >= 12  # cut into pieces of about 4 MB
