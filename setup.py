@@ -29,6 +29,10 @@ EXTRAS = {
     # Hugging Face import/export and parity tests; torch must be the CPU wheel.
     "hf": ["transformers>=4.40,<5", "safetensors>=0.4", "tokenizers>=0.19",
            "torch==2.13.0"],
+    # bertjax.prepare --beam_runner=...: prepare's units on Apache Beam. Beam
+    # caps protobuf below 7, whose runtime refuses sentencepiece 0.2.3's
+    # generated model proto; sentencepiece 0.2.1's works with both.
+    "beam": ["apache-beam>=2.60", "sentencepiece>=0.2.0,<0.2.3"],
     # Ahead-of-time compilation for TPU topologies from a CPU host.
     "tpu": ["libtpu"],
     # bench/step_bench.py --compare: HF Flax (transformers 4.x, the last with

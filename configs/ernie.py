@@ -49,6 +49,9 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   # capitalised multi-word names of the train split.
   c.ernie_gazetteer = ""
   c.ernie_entity_min_count = 3  # fewest occurrences of a default entity
+  # The lists are fitted on this many evenly spaced train documents (at most
+  # knowledge.MAX_FIT_SENTENCES of their sentences): bounded at any corpus size.
+  c.knowledge_fit_documents = 50_000
 
   # --- masking ---------------------------------------------------------------
   # Probabilities of the word, phrase and entity levels, drawn per example.
