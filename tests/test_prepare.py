@@ -11,6 +11,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from bertjax import batch
+import corpus_files
 from bertjax.data import builders
 from bertjax.data import prepare
 from bertjax.data import python_docs
@@ -43,8 +44,7 @@ def _local_config(demo_config, text_files, **overrides):
 def text_dir(tmp_path_factory):
   """The pydoc topics as one UTF-8 file each (~300 KB), blank lines between paragraphs."""
   root = tmp_path_factory.mktemp("texts")
-  for name, paragraphs in python_docs.topic_documents():
-    (root / f"{name.split(':')[1]}.txt").write_text("\n\n".join(paragraphs) + "\n")
+  corpus_files.write_topic_files(root)
   return root
 
 

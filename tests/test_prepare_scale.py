@@ -13,8 +13,9 @@ import time
 import numpy as np
 import pytest
 
+import corpus_files
+
 from bertjax.data import prepare
-from bertjax.data import python_docs
 from bertjax.data import staged
 from bertjax.data import units
 
@@ -49,9 +50,7 @@ def _published(data_dir):
 def corpus(tmp_path_factory):
   """The pydoc topics, one file each, plus a file larger than a unit."""
   root = tmp_path_factory.mktemp("scale_texts")
-  for name, paragraphs in python_docs.topic_documents():
-    (root / f"{name.split(':')[1]}.txt").write_text("\n\n".join(paragraphs) + "\n")
-  big = [p for _, paras in python_docs.topic_documents() for p in paras][:400]
+  big = corpus_files.write_topic_files(root)[:400]
   (root / "zz_big.txt").write_text("\n\n".join(big) + "\n")
   return root
 
