@@ -113,7 +113,7 @@ def _run_beam(run_unit, tasks, runner: str, options: Sequence[str]) -> None:
   except ImportError:
     raise ValueError(
         "--beam_runner needs Apache Beam; install the beam extra "
-        "(pip install 'bertjax[beam]').") from None
+        "(pip install -e '.[beam]').") from None
   opts = pipeline_options.PipelineOptions(list(options), runner=runner)
   logging.info("Running %d units on Beam's %s.", len(tasks), runner)
   with beam.Pipeline(options=opts) as pipeline:
