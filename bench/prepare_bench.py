@@ -156,6 +156,11 @@ def run_prepare(corpus: str, workers: int, beam_runner: str = "",
           "mb_per_s_per_core": round(mb / wall / min(workers, os.cpu_count() or 1), 3),
           "peak_rss_tree_gb": round(peak_sum / 2**30, 3),
           "peak_rss_process_gb": round(peak_max / 2**30, 3),
+          # The per-core rate of everything but the (fixed-size) tokenizer training:
+          # what scales with the corpus and the cores.
+          "streaming_mb_per_s_per_core": round(
+              mb / (wall - float(timings.get("Trained tokenizer", 0)))
+              / min(workers, os.cpu_count() or 1), 3),
           "text_s": float(timings.get("Built", "nan")),
           "tokenizer_s": float(timings.get("Trained tokenizer", "nan")),
           "tokenize_s": float(timings.get("Tokenized", "nan"))}

@@ -197,8 +197,6 @@ def train(sentences: Iterable[str], model_path: str, vocab_size: int,
         # Control symbols take the next free ids in order: 2, 3, 4.
         control_symbols=list(batch_lib.SPECIAL_TOKENS[2:]),
         num_threads=num_threads,
-        # All of the (already sampled) input, in its order.
-        input_sentence_size=0, shuffle_input_sentence=False,
         minloglevel=2)
   except RuntimeError as e:
     too_high = _TOO_HIGH.search(str(e))
