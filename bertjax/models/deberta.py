@@ -244,37 +244,39 @@ def from_config(config: ml_collections.ConfigDict,
   """Builds DebertaForPretraining from a config (see configs/deberta.py).
 
   Args:
-    config: BERT's model fields (``bert.from_config``) plus position_buckets,
+    config: a ConfigDict or a plain mapping (an import's model fields):
+      BERT's model fields (``bert.from_config``) plus position_buckets,
       max_relative_positions, pos_att_type, share_att_key, norm_rel_ebd,
       position_biased_input, emd_layers and sentence_head.
     dtype: the compute dtype, already parsed from config.dtype.
   """
   size = sizes.resolve(config)
   check_fields(config)
-  if config.get("seq_len", 0) > config.max_position_embeddings:
+  get = config.get
+  if get("seq_len", 0) > config["max_position_embeddings"]:
     raise ValueError(
-        f"seq_len {config.seq_len} exceeds max_position_embeddings "
-        f"{config.max_position_embeddings}; lower --config.seq_len or raise "
+        f"seq_len {config['seq_len']} exceeds max_position_embeddings "
+        f"{config['max_position_embeddings']}; lower --config.seq_len or raise "
         f"--config.max_position_embeddings.")
   return DebertaForPretraining(
-      vocab_size=config.vocab_size,
-      max_position_embeddings=config.max_position_embeddings,
-      type_vocab_size=config.type_vocab_size,
+      vocab_size=int(config["vocab_size"]),
+      max_position_embeddings=int(config["max_position_embeddings"]),
+      type_vocab_size=int(config["type_vocab_size"]),
       num_layers=size.num_layers,
       hidden_size=size.hidden_size,
       num_heads=size.num_heads,
       mlp_dim=size.mlp_dim,
-      position_buckets=int(config.get("position_buckets", 256)),
-      max_relative_positions=int(config.get("max_relative_positions", -1)),
-      position_terms=position_terms(config.get("pos_att_type", "p2c|c2p")),
-      share_att_key=bool(config.get("share_att_key", True)),
-      norm_rel_ebd=str(config.get("norm_rel_ebd", "layer_norm")),
-      position_biased_input=bool(config.get("position_biased_input", False)),
-      emd_layers=int(config.get("emd_layers", 2)),
-      sentence_head=bool(config.get("sentence_head", False)),
-      dropout_rate=config.dropout_rate,
-      attention_dropout_rate=config.attention_dropout_rate,
+      position_buckets=int(get("position_buckets", 256)),
+      max_relative_positions=int(get("max_relative_positions", -1)),
+      position_terms=position_terms(get("pos_att_type", "p2c|c2p")),
+      share_att_key=bool(get("share_att_key", True)),
+      norm_rel_ebd=str(get("norm_rel_ebd", "layer_norm")),
+      position_biased_input=bool(get("position_biased_input", False)),
+      emd_layers=int(get("emd_layers", 2)),
+      sentence_head=bool(get("sentence_head", False)),
+      dropout_rate=float(config["dropout_rate"]),
+      attention_dropout_rate=float(config["attention_dropout_rate"]),
       dtype=dtype,
-      scan_layers=bool(config.get("scan_layers", False)),
-      remat=str(config.get("remat", "none")),
+      scan_layers=bool(get("scan_layers", False)),
+      remat=str(get("remat", "none")),
       **layers.numerics(config))
