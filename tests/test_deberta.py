@@ -281,3 +281,23 @@ def test_killed_run_resumes_to_identical_result(small_config, tmp_path):
   assert train.train_and_evaluate(small_config, parts, stop_at_step=3) is None
   assert train.train_and_evaluate(small_config, parts) == record
   assert record["step"] == 6 and 0 < record["baseline_mlm_accuracy"] < 1
+
+
+def test_step_flops_count_the_disentangled_terms_and_emd():
+  from bertjax import flops
+  config = deberta_config.get_config("tiny")
+  config.seq_len, config.batch_size = 32, 4
+  bert_like = config.copy_and_resolve_references()
+  bert_like.model = "bert"
+  H, L, S, T = 128, 2, 32, 4 * 32
+  # Distances up to 31 with 32 buckets (mid 16) and max 512 reach rows
+  # span - bucket(31) .. span + bucket(31) of the table.
+  rows = 2 * closed_form_bucket(S - 1, 32, 512) + 1
+  passes = L + 2  # two EMD passes of the last layer
+  per_pass = 2 * (6 * T * rows * H + 6 * rows * H * H)  # c2p and p2c
+  extra_layers = 2 * (6 * T * (4 * H * H + 2 * H * 512) + 12 * H * S * T)
+  assert flops.step_flops(config) == pytest.approx(
+      flops.step_flops(bert_like) + extra_layers + passes * per_pass)
+  config.pos_att_type, config.emd_layers = "c2p", 0
+  assert flops.step_flops(config) == pytest.approx(
+      flops.step_flops(bert_like) + L * per_pass / 2)
