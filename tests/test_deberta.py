@@ -118,11 +118,13 @@ def test_disentangled_attention_equals_the_paper_formula(
   kwargs = dict(relative=jnp.asarray(table[lo:hi]), relative_index=jnp.asarray(index))
   if emd:
     kwargs["query"] = jnp.asarray(query)
-  params = nn.meta.unbox(module.init(jax.random.key(0), *args, **kwargs))["params"]
+  params = nn.meta.unbox(jax.jit(module.init, static_argnums=3)(
+      jax.random.key(0), *args, **kwargs))["params"]
   # Non-zero biases so that a misplaced one shows.
   params = jax.tree.map(
       lambda p: p + 0.3 * jnp.asarray(rng.normal(size=p.shape), jnp.float32), params)
-  ours = np.asarray(module.apply({"params": params}, *args, **kwargs))
+  ours = np.asarray(jax.jit(module.apply, static_argnums=3)(
+      {"params": params}, *args, **kwargs))
   params = jax.tree.map(lambda p: np.asarray(p, np.float64), params)
   want = reference_attention(x.astype(np.float64), query.astype(np.float64),
                              table.astype(np.float64), params, mask[:, 0], heads,
@@ -202,32 +204,49 @@ def small_inputs(length=20, seed=0):
 
 def test_emd_alone_sees_absolute_positions_and_documents_stay_apart():
   x = small_inputs()
-  model = small_model(emd_layers=2)
-  params = jax.jit(model.init)(jax.random.key(3), x)["params"]
-  run = jax.jit(lambda p, x, emd: small_model(emd_layers=emd).apply({"params": p}, x),
-                static_argnums=2)
-  out = run(params, x, 2)
-  # Other absolute positions: the encoder output is unchanged (no absolute
-  # positions inside it), the EMD's predictions change.
-  moved = dict(x, positions=x["positions"] + 3)
-  out_moved = run(params, moved, 2)
-  np.testing.assert_array_equal(np.asarray(out["hidden"]), np.asarray(out_moved["hidden"]))
-  assert np.abs(np.asarray(out["mlm_logits"] - out_moved["mlm_logits"])).max() > 1e-3
-  # Without EMD the MLM head reads the last hidden state (positions unused).
-  plain = run(params, x, 0)
-  np.testing.assert_array_equal(np.asarray(plain["hidden"]), np.asarray(out["hidden"]))
-  head = model.bind({"params": params})
-  want = head.mlm_head(plain["hidden"], head.embeddings.attend)
-  np.testing.assert_allclose(np.asarray(plain["mlm_logits"]), np.asarray(want),
-                             rtol=1e-5, atol=1e-5)
-  # Changing document 2 of row 0 leaves document 1 untouched, with EMD too.
   other = np.asarray(x["tokens"]).copy()
-  other[0, 12:] = (other[0, 12:] + 7) % 45 + 5
-  out_other = run(params, dict(x, tokens=jnp.asarray(other)), 2)
+  other[0, 12:] = (other[0, 12:] + 7) % 45 + 5  # document 2 of row 0 changed
+  with_emd, without = small_model(emd_layers=2), small_model(emd_layers=0)
+  params = jax.jit(with_emd.init)(jax.random.key(3), x)["params"]
+
+  @jax.jit
+  def run(params):
+    out = with_emd.apply({"params": params}, x)
+    plain = without.apply({"params": params}, x)
+    head = with_emd.bind({"params": params})
+    return dict(
+        out=out, plain=plain,
+        # Other absolute positions.
+        moved=with_emd.apply({"params": params}, dict(x, positions=x["positions"] + 3)),
+        other=with_emd.apply({"params": params}, dict(x, tokens=jnp.asarray(other))),
+        head=head.mlm_head(plain["hidden"], head.embeddings.attend))
+
+  r = jax.tree.map(np.asarray, run(params))
+  out = r["out"]
+  # The encoder output does not see absolute positions; the EMD's predictions do.
+  np.testing.assert_array_equal(out["hidden"], r["moved"]["hidden"])
+  assert np.abs(out["mlm_logits"] - r["moved"]["mlm_logits"]).max() > 1e-3
+  # Without EMD the MLM head reads the last hidden state: same hidden, other logits.
+  np.testing.assert_array_equal(r["plain"]["hidden"], out["hidden"])
+  np.testing.assert_allclose(r["plain"]["mlm_logits"], r["head"], rtol=1e-5, atol=1e-5)
+  assert np.abs(r["plain"]["mlm_logits"] - out["mlm_logits"]).max() > 1e-3
+  # Changing document 2 of row 0 leaves document 1 untouched, with EMD too.
   for key in ("hidden", "mlm_logits"):
-    a, b = np.asarray(out[key]), np.asarray(out_other[key])
+    a, b = out[key], r["other"][key]
     np.testing.assert_array_equal(a[0, :12], b[0, :12])
     assert np.abs(a[0, 12:] - b[0, 12:]).max() > 1e-3
+
+
+def test_scanned_and_rematerialised_stack_computes_the_same():
+  x = small_inputs()
+  model = small_model(num_layers=3)
+  params = nn.meta.unbox(jax.jit(model.init)(jax.random.key(0), x)["params"])
+  scanned = small_model(num_layers=3, scan_layers=True, remat="full")
+  stacked = dict(params, encoder=layers.stack_layers(params["encoder"], 2))
+  a = jax.jit(model.apply)({"params": params}, x)
+  b = jax.jit(scanned.apply)({"params": stacked}, x)
+  for key in ("hidden", "mlm_logits"):
+    np.testing.assert_allclose(np.asarray(b[key]), np.asarray(a[key]), rtol=1e-5, atol=1e-5)
 
 
 def test_bad_fields_are_named_before_any_device_work():
