@@ -28,7 +28,13 @@ absolute attention), no position terms, the convolution of v2-xlarge/xxlarge
 than the hidden size's, and activations bertjax does not compute.
 The MLM head is transformers' legacy ``cls.predictions`` (DebertaV2Config's
 default) or, with ``legacy=False``, ``lm_predictions.lm_head``; the import
-records which (``hf_legacy_mlm_head``) and the export writes it back.
+records which (``hf_legacy_mlm_head``) and the export writes it back. Only
+the legacy head is tested: transformers 4.x ties the non-legacy head's dense
+kernel to the word embeddings, so no real model has that layout there. A
+config.json without ``legacy`` (the released microsoft/deberta-v3-* files,
+whose head is named lm_predictions) loads no MLM head in transformers; the
+import does the same (a fresh MLM head, reported, the lm_predictions tensors
+listed as unused).
 """
 
 from __future__ import annotations
