@@ -8,7 +8,10 @@ The quick local run on the embedded demo corpus:
 ``small`` (DeBERTa-v3's: 12 layers H 384 6 heads, 6 layers H 768 12 heads),
 ``base`` and ``large`` (the paper's, BERT's shapes). Append ``+sop`` (e.g.
 ``base+sop``) to add the optional sentence-order head: sentence-pair rows and
-the ALBERT objective (MLM + SOP) instead of MLM alone.
+the ALBERT objective (MLM + SOP) instead of MLM alone. Parameters with the
+128,100-token vocabulary (without the word embeddings, EMD's position table
+included): xsmall 71.2M (22.0M), small 142.4M (44.0M), base 184.9M (86.6M),
+large 435.7M (304.5M), as the released deberta-v3 models.
 
 What differs from ``configs/bert.py`` (every other field is BERT's):
   model       'deberta' (bertjax/models/deberta.py): disentangled attention
