@@ -102,8 +102,8 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   if tiny:
     c.dropout_rate = c.attention_dropout_rate = 0.0
     c.batch_size = 32
-    # 600 steps of 32 x 128 tokens: 4.5 CPU-minutes on 2 cores (8.75 minutes
-    # wall on a busy shared machine); held-out MLM 0.238, 4.2x the baseline.
+    # 600 steps of 32 x 128 tokens: about 6 CPU-minutes (8.75 minutes wall on
+    # a busy 2-core machine); held-out MLM 0.238, 4.2x the baseline.
     c.num_train_steps = 600
     c.learning_rate = 1e-3
     c.warmup_steps = 60
