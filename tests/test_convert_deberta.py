@@ -232,3 +232,22 @@ def test_emd_table_is_exported_where_transformers_skips_it(hf_model, tmp_path):
   back = workdir_lib.load_hf(out)
   assert back[0]["emd_layers"] == 0
   assert back[3] == ["deberta.embeddings.position_embeddings.weight"]
+
+
+def test_bare_debertav2model_gets_a_fresh_mlm_head(hf_model, tmp_path):
+  from bertjax import api
+  from bertjax.convert import hf_files
+  kind, path, hf = hf_model
+  if kind != "v3":
+    pytest.skip("one model is enough")
+  bare = str(tmp_path / "bare")
+  base = transformers.DebertaV2Model(hf.config).eval()
+  base.load_state_dict(hf.deberta.state_dict())
+  base.save_pretrained(bare)
+  hf_files.copy_tokenizer_files(path, bare)
+  model = api.load(bare)
+  assert list(model.fresh_heads) == ["mlm"] and not model.has_mlm_head
+  out = model.encode(["the cat sat on the mat"])
+  assert "mlm_logits" not in out
+  full = api.load(path).encode(["the cat sat on the mat"], mlm=False)
+  np.testing.assert_array_equal(out["hidden"], full["hidden"])
