@@ -17,6 +17,13 @@ with bertjax's decay mask and clipping; torch.optim.AdamW + clip_grad_norm_).
 HF's masked-LM models compute vocabulary logits at every position (their
 design); bertjax computes them only at the predicted slots, and also runs the
 NSP head, which HF's ``*ForMaskedLM`` do not have. Needs the ``bench`` extra.
+
+DeBERTa (``--config=configs/deberta.py:base``) is compared with PyTorch's
+``DebertaV2ForMaskedLM`` of the same config (``convert/deberta.py``'s
+config.json), alone: transformers has no Flax DeBERTa. bertjax's step also
+runs the enhanced mask decoder (``emd_layers`` extra passes of the last
+layer), which transformers' model does not have; pass
+``--config.emd_layers=0`` for the same layers on both sides.
 """
 
 from __future__ import annotations
@@ -117,6 +124,11 @@ def bertjax_step(config, return_compiled: bool = False):
 def _hf_config(config):
   import transformers
   size = sizes.resolve(config)
+  if config.model == "deberta":
+    from bertjax.convert import core
+    from bertjax.convert import deberta as deberta_mapping
+    fields = deberta_mapping.hf_config(core.model_dims(config), batch_lib.PAD_ID)
+    return transformers.DebertaV2Config(**fields)
   return transformers.BertConfig(
       vocab_size=config.vocab_size, hidden_size=size.hidden_size,
       num_hidden_layers=size.num_layers, num_attention_heads=size.num_heads,
@@ -170,11 +182,14 @@ def hf_flax_step(config) -> tuple[Callable[[], None], float]:
 
 
 def torch_step(config) -> tuple[Callable[[], None], float]:
-  """HF BertForMaskedLM in PyTorch (CPU), AdamW + clipping; (run one, 0)."""
+  """HF BertForMaskedLM (DebertaV2ForMaskedLM for DeBERTa) in PyTorch (CPU),
+  AdamW + clipping; (run one, 0)."""
   import torch
   import transformers
   torch.manual_seed(0)
-  model = transformers.BertForMaskedLM(_hf_config(config))
+  model_cls = (transformers.DebertaV2ForMaskedLM if config.model == "deberta"
+               else transformers.BertForMaskedLM)
+  model = model_cls(_hf_config(config))
   model.train(config.dropout_rate > 0 or config.attention_dropout_rate > 0)
   decay = [p for n, p in model.named_parameters()
            if not (n.endswith("bias") or "LayerNorm" in n)]
@@ -189,6 +204,8 @@ def torch_step(config) -> tuple[Callable[[], None], float]:
   ids, labels = hf_masked_inputs(config, batch)
   ids_t = torch.from_numpy(ids.astype(np.int64))
   types = torch.from_numpy(batch["segment_ids"].astype(np.int64))
+  if not config.type_vocab_size:  # DeBERTa-v3 has no segment table
+    types = torch.zeros_like(types)
   labels_t = torch.from_numpy(labels)
 
   def run():
@@ -206,7 +223,8 @@ def benchmark(config, *, steps: int = 15, warmup: int = 2,
   """Runs the benchmark; returns the record printed as JSON (see module doc)."""
   systems = {"bertjax": bertjax_step(config)}
   if compare:
-    systems["hf_flax"] = hf_flax_step(config)
+    if config.model != "deberta":  # transformers has no Flax DeBERTa
+      systems["hf_flax"] = hf_flax_step(config)
     systems["torch"] = torch_step(config)
   logging.info("compiled: %s", {k: round(v[1], 2) for k, v in systems.items()})
   for run, _ in systems.values():

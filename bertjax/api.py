@@ -106,8 +106,9 @@ class Model:
       real tokens, 0 on padding).
     """
     limit = int(max_length or self.config["max_position_embeddings"])
-    last_segment = 0 if self._single_segment else (
-        int(self.config.get("type_vocab_size", 2)) - 1)
+    # No segment table (type_vocab_size 0, DeBERTa-v3) reads segment 0 too.
+    last_segment = 0 if self._single_segment else max(
+        0, int(self.config.get("type_vocab_size", 2)) - 1)
     rows, segs = [], []
     for text in texts:
       parts = (text,) if isinstance(text, str) else tuple(text)

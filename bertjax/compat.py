@@ -46,6 +46,10 @@ _LAYOUT_FIELDS = (
     "tokenizer", "max_position_embeddings", "type_vocab_size", "num_layers",
     "hidden_size", "num_heads", "mlp_dim", "embedding_size", "layer_sharing",
     "sentence_head", "hidden_act", "layer_norm_eps",
+    # DeBERTa's attention and decoder (bertjax/models/deberta.py).
+    "position_buckets", "max_relative_positions", "pos_att_type",
+    "share_att_key", "norm_rel_ebd", "position_biased_input", "emd_layers",
+    "hf_legacy_mlm_head",
     # What an import from Hugging Face records (bertjax/convert/workdir.py).
     "hf_special_ids", "hf_model_type", "hf_position_offset")
 _STREAM_FIELDS = (

@@ -15,6 +15,16 @@ there, see ``BertForPretraining.mlm_logits``). N_layers = L * (4*H*H + 2*H*F)
 is the non-embedding matmul weights: the Q, K, V and output projections and
 the two feed-forward matrices. The attention term is the QK^T and
 probabilities x V products: 2 * 2*S*H FLOPs per token per layer forward, x3.
+DeBERTa (``config.model == 'deberta'``) runs L + E layer passes (E =
+``emd_layers``: the enhanced mask decoder re-runs the last layer), each with
+its weight matmuls and attention as above, and adds per pass and position
+term (c2p, p2c; n_terms of them)
+
+             + 6 * T * R * H                    (content x R relative rows)
+             + 6 * R * H * H                    (projecting the R rows)
+
+where R is the number of relative-table rows a row of S tokens reads
+(``disentangled.relative_index``: at most 2S - 1); the gathers are free.
 Embedding lookups, biases, LayerNorm, softmax and GELU are not counted, nor is
 rematerialisation's recomputation: MFU measures useful work, so remat lowers
 it honestly.
@@ -67,13 +77,33 @@ def step_flops(config) -> float:
   b, s = int(config.batch_size), int(config.seq_len)
   tokens = b * s
   predictions = b * int(config.max_predictions_per_seq)
-  n_layers = layers * (4 * h * h + 2 * h * f)
+  passes = layers
+  if config.get("model") == "deberta":
+    passes += int(config.get("emd_layers", 0))
+  n_layers = passes * (4 * h * h + 2 * h * f)
   total = 6.0 * n_layers * tokens
-  total += 12.0 * layers * h * s * tokens
+  total += 12.0 * passes * h * s * tokens
+  if config.get("model") == "deberta":
+    total += passes * _disentangled_flops(config, h, s, tokens)
   total += 6.0 * (h * h + h * int(config.vocab_size)) * predictions
   if config.get("sentence_head", True) and config.get("objective", "bert") != "mlm_only":
     total += 6.0 * (h * h + 2 * h) * b
   return total
+
+
+def _disentangled_flops(config, h: int, s: int, tokens: int) -> float:
+  """Forward + backward FLOPs of one layer pass's position terms (module doc)."""
+  from bertjax.models import deberta
+  from bertjax.models import disentangled
+  terms = len(deberta.position_terms(config.get("pos_att_type", "p2c|c2p")))
+  buckets = int(config.get("position_buckets", -1))
+  max_distance = int(config.get("max_relative_positions", -1))
+  if max_distance <= 0:
+    max_distance = int(config.max_position_embeddings)
+  span = disentangled.table_span(buckets, max_distance)
+  index, _ = disentangled.relative_index(s, span, buckets, max_distance)
+  rows = int(index.max()) + 1
+  return terms * (6.0 * tokens * rows * h + 6.0 * rows * h * h)
 
 
 def _datasheet_peak(device_kind: str) -> float | None:

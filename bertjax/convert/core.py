@@ -25,7 +25,11 @@ MODEL_FIELDS = ("model", "vocab_size", "max_position_embeddings", "type_vocab_si
 # position offset, the vocabulary reordering).
 OPTIONAL_FIELDS = ("sentence_head", "embedding_size", "layer_sharing", "hf_model_type",
                    "hf_position_offset", "hf_special_ids", "layer_norm_eps",
-                   "hidden_act")
+                   "hidden_act",
+                   # configs/deberta.py's attention and decoder fields.
+                   "position_buckets", "max_relative_positions", "pos_att_type",
+                   "share_att_key", "norm_rel_ebd", "position_biased_input",
+                   "emd_layers", "hf_legacy_mlm_head")
 # Old TF-converted checkpoints name LayerNorm parameters gamma/beta.
 _LEGACY_SUFFIXES = {".gamma": ".weight", ".beta": ".bias"}
 

@@ -97,15 +97,20 @@ class _SentencePiece:
   Text is cleaned as transformers' ALBERT/XLNet tokenizers do before the
   model sees it: whitespace runs collapsed, `` and '' turned into ", accents
   stripped unless kept, lower-cased if asked; a comma after a digit is split
-  off its piece.
+  off its piece. With ``plain`` (DebertaV2Tokenizer) the text goes to
+  sentencepiece as it is, only lower-cased if asked.
   """
 
-  def __init__(self, path: str, lower: bool, keep_accents: bool):
+  def __init__(self, path: str, lower: bool, keep_accents: bool,
+               plain: bool = False):
     import sentencepiece as spm
     self._sp = spm.SentencePieceProcessor(model_file=path)
     self._lower, self._keep_accents = lower, keep_accents
+    self._plain = plain
 
   def _clean(self, text: str) -> str:
+    if self._plain:
+      return text.lower() if self._lower else text
     text = " ".join(text.strip().split())
     text = text.replace("``", '"').replace("''", '"')
     if not self._keep_accents:
@@ -129,7 +134,8 @@ class _SentencePiece:
     for pieces in self._sp.encode([self._clean(t) for t in texts], out_type=str):
       split = []
       for piece in pieces:
-        if len(piece) > 1 and piece[-1] == "," and piece[-2].isdigit():
+        if (not self._plain and len(piece) > 1 and piece[-1] == ","
+            and piece[-2].isdigit()):
           split += self._split_digit_comma(piece)
         else:
           split.append(piece)
@@ -168,6 +174,14 @@ def _backend(directory: str, specials: Sequence[str]) -> tuple[Any, str]:
   for name in ("spiece.model", "sentencepiece.bpe.model", "spm.model"):
     if os.path.isfile(path(name)):
       cfg = _read_json(path("tokenizer_config.json"))
+      if str(cfg.get("tokenizer_class", "")).startswith("DebertaV2"):
+        if cfg.get("split_by_punct"):
+          raise ValueError(
+              f"{directory}'s DebertaV2Tokenizer has split_by_punct=true, which "
+              "bertjax's tokenizer import does not replicate; save the tokenizer "
+              "with split_by_punct=false or with its tokenizer.json.")
+        return _SentencePiece(path(name), cfg.get("do_lower_case", False), True,
+                              plain=True), "sentencepiece"
       # AlbertTokenizer lower-cases and strips accents unless told otherwise.
       albert = str(cfg.get("tokenizer_class", "")).startswith("Albert")
       return _SentencePiece(path(name), cfg.get("do_lower_case", albert),

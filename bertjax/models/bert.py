@@ -39,9 +39,14 @@ class BertEmbeddings(nn.Module):
     hidden_size: embedding width (logical axis 'embed').
     max_position_embeddings: rows of the position table ('position').
     type_vocab_size: rows of the segment table ('type').
+      0 = no segment table (DeBERTa-v3 has none).
     dropout_rate: dropout on the summed, normalised embeddings.
     dtype: compute dtype.
     layer_norm_eps: epsilon of the LayerNorm.
+    add_positions: add the position table to the sum (BERT). DeBERTa's
+      encoder has no absolute positions (False); its enhanced mask decoder
+      reads the table through ``position_embeddings`` instead, and a table
+      nothing reads is never created.
   """
   vocab_size: int
   hidden_size: int
@@ -50,6 +55,7 @@ class BertEmbeddings(nn.Module):
   dropout_rate: float = 0.0
   dtype: Dtype = jnp.float32
   layer_norm_eps: float = layers.LAYER_NORM_EPS
+  add_positions: bool = True
 
   def setup(self):
     width, width_axis = self._table_width()
@@ -63,8 +69,9 @@ class BertEmbeddings(nn.Module):
     self.word_embeddings = table(self.vocab_size, "vocab", "word_embeddings")
     self.position_embeddings = table(
         self.max_position_embeddings, "position", "position_embeddings")
-    self.type_embeddings = table(self.type_vocab_size, "type",
-                                 "type_embeddings")
+    if self.type_vocab_size:
+      self.type_embeddings = table(self.type_vocab_size, "type",
+                                   "type_embeddings")
     self.layer_norm = self._norm()
     self.dropout = nn.Dropout(rate=self.dropout_rate)
 
@@ -79,8 +86,11 @@ class BertEmbeddings(nn.Module):
   def __call__(self, tokens: jax.Array, segment_ids: jax.Array,
                positions: jax.Array, deterministic: bool) -> jax.Array:
     """Embeds int32 [batch, length] ids into [batch, length, embed] (dtype)."""
-    x = (self.word_embeddings(tokens) + self.position_embeddings(positions) +
-         self.type_embeddings(segment_ids))
+    x = self.word_embeddings(tokens)
+    if self.add_positions:
+      x = x + self.position_embeddings(positions)
+    if self.type_vocab_size:
+      x = x + self.type_embeddings(segment_ids)
     x = self.layer_norm(x)
     return self.dropout(x, deterministic)
 

@@ -148,32 +148,43 @@ class MultiHeadAttention(nn.Module):
           f"Hidden size {hidden} is not divisible by num_heads "
           f"{self.num_heads}; pick a size row whose hidden_size is a multiple.")
     head_dim = hidden // self.num_heads
-
-    def projection(name: str) -> nn.DenseGeneral:
-      return nn.DenseGeneral(
-          features=(self.num_heads, head_dim), dtype=self.dtype,
-          param_dtype=jnp.float32,
-          kernel_init=kernel_init("embed", "heads", "kv"),
-          bias_init=zeros_init("heads", "kv"), name=name)
-
-    q = projection("query")(x)  # [batch, length, heads, kv]
-    k = projection("key")(x)
-    v = projection("value")(x)
+    q = head_projection(self.num_heads, head_dim, self.dtype, "query")(x)
+    k = head_projection(self.num_heads, head_dim, self.dtype, "key")(x)
+    v = head_projection(self.num_heads, head_dim, self.dtype, "value")(x)
     q = q / jnp.sqrt(head_dim).astype(q.dtype)
     logits = jnp.einsum("bqhd,bkhd->bhqk", q, k,
                         preferred_element_type=jnp.float32)
-    # jnp.where (not an additive -inf) keeps a fully masked query row finite:
-    # it becomes a uniform average instead of NaN, and padding queries are
-    # never read by real tokens.
-    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(logits, axis=-1)
-    probs = nn.Dropout(rate=self.dropout_rate)(probs, deterministic)
-    out = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(self.dtype), v)
-    return nn.DenseGeneral(
-        features=hidden, axis=(-2, -1), dtype=self.dtype,
-        param_dtype=jnp.float32,
-        kernel_init=kernel_init("heads", "kv", "embed"),
-        bias_init=zeros_init("embed"), name="out")(out)
+    return attend_values(logits, mask, v, self.dropout_rate, deterministic,
+                         self.dtype)
+
+
+def head_projection(num_heads: int, head_dim: int, dtype: Dtype,
+                    name: str) -> nn.DenseGeneral:
+  """[..., embed] -> [..., heads, kv]: a query/key/value projection."""
+  return nn.DenseGeneral(
+      features=(num_heads, head_dim), dtype=dtype, param_dtype=jnp.float32,
+      kernel_init=kernel_init("embed", "heads", "kv"),
+      bias_init=zeros_init("heads", "kv"), name=name)
+
+
+def attend_values(logits: jax.Array, mask: jax.Array, v: jax.Array,
+                  dropout_rate: float, deterministic: bool,
+                  dtype: Dtype) -> jax.Array:
+  """Masked softmax of float32 ``logits`` [batch, heads, q, k], dropout, the
+  weighted sum of ``v`` [batch, k, heads, kv] and the output projection
+  (named 'out', called inside the attention module): [batch, q, embed]."""
+  # jnp.where (not an additive -inf) keeps a fully masked query row finite:
+  # it becomes a uniform average instead of NaN, and padding queries are
+  # never read by real tokens.
+  logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(logits, axis=-1)
+  probs = nn.Dropout(rate=dropout_rate)(probs, deterministic)
+  out = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(dtype), v)
+  hidden = v.shape[-2] * v.shape[-1]
+  return nn.DenseGeneral(
+      features=hidden, axis=(-2, -1), dtype=dtype, param_dtype=jnp.float32,
+      kernel_init=kernel_init("heads", "kv", "embed"),
+      bias_init=zeros_init("embed"), name="out")(out)
 
 
 class Mlp(nn.Module):
@@ -228,13 +239,25 @@ class EncoderBlock(nn.Module):
   activation: str = "gelu"
 
   @nn.compact
-  def __call__(self, x: jax.Array, mask: jax.Array,
-               deterministic: bool) -> jax.Array:
-    """Maps [batch, length, embed] to [batch, length, embed] (``dtype``)."""
-    y = self.attention_cls(
+  def __call__(self, x: jax.Array, mask: jax.Array, deterministic: bool,
+               context: dict[str, jax.Array] | None = None) -> jax.Array:
+    """Maps [batch, length, embed] to [batch, length, embed] (``dtype``).
+
+    ``context`` (optional) is passed to the attention as keyword arguments:
+    what a relative-position attention shares across layers (DeBERTa's
+    relative embeddings and distance indices). A ``query`` entry
+    [batch, length, embed] makes the queries (and the residual) come from it
+    instead of ``x``, which then only gives keys and values (DeBERTa's
+    enhanced mask decoder).
+    """
+    context = dict(context or {})
+    attention = self.attention_cls(
         num_heads=self.num_heads, dropout_rate=self.attention_dropout_rate,
-        dtype=self.dtype, name="attention")(x, mask, deterministic)
+        dtype=self.dtype, name="attention")
+    y = attention(x, mask, deterministic, **context) if context else attention(
+        x, mask, deterministic)
     y = nn.Dropout(rate=self.dropout_rate)(y, deterministic)
+    x = context.get("query", x)
     x = layer_norm(self.dtype, "attention_norm", self.layer_norm_eps)(x + y)
     y = Mlp(mlp_dim=self.mlp_dim, dtype=self.dtype, activation=self.activation,
             name="mlp")(x)
@@ -260,9 +283,10 @@ class _ScannedBlock(nn.Module):
   deterministic: bool
 
   @nn.compact
-  def __call__(self, x: jax.Array, mask: jax.Array) -> tuple[jax.Array, None]:
+  def __call__(self, x: jax.Array, mask: jax.Array,
+               context: dict[str, jax.Array]) -> tuple[jax.Array, None]:
     x = self.block_cls(**self.block_kwargs, name="block")(
-        x, mask, self.deterministic)
+        x, mask, self.deterministic, context)
     return nn.with_logical_constraint(x, HIDDEN_AXES), None
 
 
@@ -296,13 +320,15 @@ class Encoder(nn.Module):
   remat: str = "none"
 
   @nn.compact
-  def __call__(self, x: jax.Array, mask: jax.Array,
-               deterministic: bool) -> jax.Array:
+  def __call__(self, x: jax.Array, mask: jax.Array, deterministic: bool,
+               context: dict[str, jax.Array] | None = None) -> jax.Array:
     """Maps [batch, length, embed] to [batch, length, embed] (``dtype``).
 
     ``mask`` is bool [batch, 1 or heads, length, length], see
-    ``doc_attention_mask``.
+    ``doc_attention_mask``; ``context`` goes to every block unchanged (see
+    ``EncoderBlock``).
     """
+    context = dict(context or {})
     if self.remat != "none" and self.remat not in REMAT_POLICIES:
       raise ValueError(
           f"Unknown remat policy {self.remat!r}; set --config.remat to one of "
@@ -323,13 +349,14 @@ class Encoder(nn.Module):
       stack = nn.scan(
           _ScannedBlock, variable_axes={"params": 0},
           split_rngs={"params": True, "dropout": True},
-          in_axes=(nn.broadcast,), length=self.num_layers,
+          in_axes=(nn.broadcast, nn.broadcast), length=self.num_layers,
           metadata_params={nn.PARTITION_NAME: LAYERS_AXIS})
       x, _ = stack(block_cls=block_cls, block_kwargs=kwargs,
-                   deterministic=deterministic, name=LAYERS_AXIS)(x, mask)
+                   deterministic=deterministic, name=LAYERS_AXIS)(
+                       x, mask, context)
       return x
     for i in range(self.num_layers):
-      x = block_cls(**kwargs, name=f"layer_{i}")(x, mask, deterministic)
+      x = block_cls(**kwargs, name=f"layer_{i}")(x, mask, deterministic, context)
       x = nn.with_logical_constraint(x, HIDDEN_AXES)
     return x
 
