@@ -35,6 +35,7 @@ ARCHITECTURES = {
     "bert": "bertjax.convert.bert",
     "roberta": "bertjax.convert.roberta",
     "albert": "bertjax.convert.albert",
+    "electra": "bertjax.convert.electra",
 }
 
 

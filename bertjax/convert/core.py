@@ -20,12 +20,14 @@ DIM_FIELDS = ("num_layers", "hidden_size", "num_heads", "mlp_dim")
 MODEL_FIELDS = ("model", "vocab_size", "max_position_embeddings", "type_vocab_size",
                 *DIM_FIELDS, "dropout_rate", "attention_dropout_rate")
 # Model fields that only some configs have: configs/roberta.py's sentence_head
-# (no pooler/NSP), configs/albert.py's embedding_size and layer_sharing, and
+# (no pooler/NSP), configs/albert.py's embedding_size and layer_sharing,
+# configs/electra.py's generator sizes, and
 # what an import records for the way back (the HF model_type, RoBERTa's
 # position offset, the vocabulary reordering).
 OPTIONAL_FIELDS = ("sentence_head", "embedding_size", "layer_sharing", "hf_model_type",
                    "hf_position_offset", "hf_special_ids", "layer_norm_eps",
-                   "hidden_act")
+                   "hidden_act", "generator_hidden_fraction", "generator_num_layers",
+                   "generator_hidden_size", "generator_num_heads", "generator_mlp_dim")
 # Old TF-converted checkpoints name LayerNorm parameters gamma/beta.
 _LEGACY_SUFFIXES = {".gamma": ".weight", ".beta": ".bias"}
 
