@@ -11,7 +11,7 @@ checkpoint hold both:
   Face's ``embeddings_project``) and its own embedding dropout, so the two
   towers never draw the same dropout mask.
 * Generator (``generate``): a narrower encoder and a masked-LM head tied to
-  the shared word table (``albert.AlbertMlmHead``: dense H_g -> E, activation,
+  the shared word table (``albert.AlbertMlmHead``: dense H_g -> E, exact GELU,
   LayerNorm over E, E x V decoder + bias). Outputs ``mlm_logits`` float32
   [batch, predictions, vocab] at ``masked_positions`` only.
 * Discriminator (``__call__``): the full-size encoder and a per-token head
@@ -133,10 +133,12 @@ class Generator(Tower):
 
   def setup(self):
     super().setup()
+    # Exact GELU whatever hidden_act says: Hugging Face's ELECTRA generator
+    # head hard-codes it (and every released ELECTRA uses 'gelu' anyway).
     self.mlm_head = albert.AlbertMlmHead(
         vocab_size=self.vocab_size, embedding_size=self.embedding_size,
         dtype=self.dtype, layer_norm_eps=self.layer_norm_eps,
-        activation=self.activation)
+        activation="gelu")
 
   def logits(self, picked: jax.Array, decode) -> jax.Array:
     """[batch, predictions, H_g] -> float32 [batch, predictions, vocab]."""
