@@ -24,6 +24,13 @@ config.json), alone: transformers has no Flax DeBERTa. bertjax's step also
 runs the enhanced mask decoder (``emd_layers`` extra passes of the last
 layer), which transformers' model does not have; pass
 ``--config.emd_layers=0`` for the same layers on both sides.
+
+ELECTRA-small (generator and discriminator, ``--compare`` against the same
+step written with HF's PyTorch ElectraForPreTraining and ElectraForMaskedLM):
+
+  python bench/step_bench.py --config=configs/electra.py:small \
+      --config.batch_size=8 --config.dropout_rate=0 \
+      --config.attention_dropout_rate=0 --compare
 """
 
 from __future__ import annotations
@@ -218,11 +225,88 @@ def torch_step(config) -> tuple[Callable[[], None], float]:
   return run, 0.0
 
 
+def _electra_configs(config):
+  """HF ElectraConfigs of the discriminator and generator of a bertjax config."""
+  import transformers
+  from bertjax.models import electra
+  common = dict(vocab_size=config.vocab_size, embedding_size=config.embedding_size,
+                hidden_act="gelu", hidden_dropout_prob=config.dropout_rate,
+                attention_probs_dropout_prob=config.attention_dropout_rate,
+                max_position_embeddings=config.max_position_embeddings,
+                type_vocab_size=config.type_vocab_size, layer_norm_eps=1e-12)
+  out = []
+  for size in (sizes.resolve(config), electra.generator_size(config)):
+    out.append(transformers.ElectraConfig(
+        hidden_size=size.hidden_size, num_hidden_layers=size.num_layers,
+        num_attention_heads=size.num_heads, intermediate_size=size.mlp_dim, **common))
+  return out
+
+
+def torch_electra_step(config) -> tuple[Callable[[], None], float]:
+  """HF ElectraForPreTraining + ElectraForMaskedLM in PyTorch (CPU), the same
+  step as bertjax's: generator MLM at the masked positions, Gumbel-max
+  samples (no gradient), discriminator on every real token, loss = MLM +
+  λ · discriminator, AdamW + clipping; (run one, 0)."""
+  import torch
+  import transformers
+  torch.manual_seed(0)
+  disc_config, gen_config = _electra_configs(config)
+  disc = transformers.ElectraForPreTraining(disc_config)
+  gen = transformers.ElectraForMaskedLM(gen_config)
+  gen.electra.embeddings = disc.electra.embeddings  # shared, as in bertjax
+  gen.generator_lm_head.weight = disc.electra.embeddings.word_embeddings.weight
+  train_mode = config.dropout_rate > 0 or config.attention_dropout_rate > 0
+  disc.train(train_mode)
+  gen.train(train_mode)
+  named = dict(disc.named_parameters())
+  named.update({f"g.{k}": v for k, v in gen.named_parameters()})
+  unique = {id(p): (n, p) for n, p in named.items()}.values()
+  decay = [p for n, p in unique if not (n.endswith("bias") or "LayerNorm" in n)]
+  no_decay = [p for n, p in unique if n.endswith("bias") or "LayerNorm" in n]
+  opt = torch.optim.AdamW(
+      [{"params": decay, "weight_decay": config.weight_decay},
+       {"params": no_decay, "weight_decay": 0.0}],
+      lr=config.learning_rate, betas=(config.adam_b1, config.adam_b2),
+      eps=config.adam_eps)
+  batch = synthetic_batch(config)
+  ids, labels = hf_masked_inputs(config, batch)
+  ids_t = torch.from_numpy(ids.astype(np.int64))
+  original = torch.from_numpy(batch["tokens"].astype(np.int64))
+  real = torch.from_numpy(~batch["special"])
+  types = torch.from_numpy(batch["segment_ids"].astype(np.int64))
+  labels_t = torch.from_numpy(labels)
+  chosen = labels_t >= 0
+  params = [p for _, p in unique]
+
+  def run():
+    opt.zero_grad(set_to_none=True)
+    out = gen(input_ids=ids_t, token_type_ids=types, labels=labels_t)
+    with torch.no_grad():
+      logits = out.logits[chosen] / config.generator_temperature
+      gumbel = -torch.log(-torch.log(torch.rand_like(logits).clamp_min(1e-20)))
+      fake = original.clone()
+      fake[chosen] = torch.argmax(logits + gumbel, dim=-1)
+      replaced = ((fake != original) & real).float()
+    rtd = disc(input_ids=fake, token_type_ids=types).logits
+    disc_loss = torch.nn.functional.binary_cross_entropy_with_logits(
+        rtd[real], replaced[real])
+    loss = out.loss + config.disc_loss_weight * disc_loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, config.grad_clip_norm)
+    opt.step()
+
+  return run, 0.0
+
+
 def benchmark(config, *, steps: int = 15, warmup: int = 2,
               compare: bool = False) -> dict[str, Any]:
   """Runs the benchmark; returns the record printed as JSON (see module doc)."""
   systems = {"bertjax": bertjax_step(config)}
-  if compare:
+  if compare and config.model == "electra":
+    # HF has no joint ELECTRA pretraining model: the PyTorch step is written
+    # here from its two models (torch_electra_step); no HF Flax counterpart.
+    systems["torch"] = torch_electra_step(config)
+  elif compare:
     if config.model != "deberta":  # transformers has no Flax DeBERTa
       systems["hf_flax"] = hf_flax_step(config)
     systems["torch"] = torch_step(config)

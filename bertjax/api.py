@@ -137,8 +137,10 @@ class Model:
     Returns:
       hidden float32 [batch, length, hidden] and mask bool [batch, length];
       pooled float32 [batch, hidden] and nsp_logits float32 [batch, 2] where
-      the checkpoint has those heads; mlm_logits float32 [batch, length,
-      vocab] when ``mlm`` and the checkpoint has an MLM head.
+      the checkpoint has those heads; rtd_logits float32 [batch, length]
+      for an ELECTRA discriminator; mlm_logits float32 [batch, length,
+      vocab] when ``mlm`` and the model has an MLM head (ELECTRA's
+      generator is not run).
     """
     tokens = np.asarray(inputs["tokens"], np.int32)
     batch, length = tokens.shape
@@ -153,10 +155,11 @@ class Model:
               "mask": x["doc_ids"] != 0}
     # The sentence head (NSP, or ALBERT's SOP) reads the pooler: a fresh
     # pooler makes its logits meaningless too.
-    for key, heads in (("pooled", ("pooler",)), ("nsp_logits", ("pooler", "nsp", "sop"))):
+    for key, heads in (("pooled", ("pooler",)), ("nsp_logits", ("pooler", "nsp", "sop")),
+                       ("rtd_logits", ("rtd",))):
       if key in out and not set(heads) & set(self.fresh_heads):
         result[key] = np.asarray(out[key], np.float32)
-    if want_mlm:
+    if want_mlm and "mlm_logits" in out:  # an ELECTRA discriminator has none
       result["mlm_logits"] = np.asarray(out["mlm_logits"], np.float32)
     return result
 

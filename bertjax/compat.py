@@ -50,6 +50,9 @@ _LAYOUT_FIELDS = (
     "position_buckets", "max_relative_positions", "pos_att_type",
     "share_att_key", "norm_rel_ebd", "position_biased_input", "emd_layers",
     "hf_legacy_mlm_head",
+    # ELECTRA's generator (configs/electra.py)
+    "generator_hidden_fraction", "generator_num_layers", "generator_hidden_size",
+    "generator_num_heads", "generator_mlp_dim",
     # What an import from Hugging Face records (bertjax/convert/workdir.py).
     "hf_special_ids", "hf_model_type", "hf_position_offset")
 _STREAM_FIELDS = (
@@ -64,6 +67,8 @@ _STREAM_FIELDS = (
     "span_geometric_p", "knowledge_spans", "attend_across_documents",
     "ernie_level_rates", "ernie_max_phrase_words", "ernie_phrase_min_count",
     "ernie_phrase_min_pmi", "ernie_entity_min_count", "ernie_gazetteer",
+    # ELECTRA's sampling and loss weight (configs/electra.py)
+    "generator_temperature", "disc_loss_weight",
     # numerics and the optimizer's schedule
     "dropout_rate", "attention_dropout_rate", "dtype", "learning_rate",
     "warmup_steps", "adam_b1", "adam_b2", "adam_eps", "weight_decay",

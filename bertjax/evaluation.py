@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax import metrics as metrics_lib
+from bertjax import objectives
 from bertjax import sharding
 from bertjax.data import pipeline
 
@@ -29,7 +30,8 @@ def eval_step(params, batch, rng, *, model, objective, vocab_size: int):
     (metrics as {name: (sum, count)}, target-id counts float32 [vocab_size]).
   """
   inputs, targets = objective.corrupt(rng, batch, jnp.zeros((), jnp.int32))
-  outputs = model.apply({"params": params}, inputs, deterministic=True)
+  apply = objectives.base.bind(model, params, deterministic=True)
+  outputs = objectives.base.forward(objective, apply, inputs, targets)
   _, metrics = objective.loss(outputs, targets)
   metrics = dict(metrics)
   real = batch["doc_ids"] > 0

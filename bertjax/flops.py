@@ -8,6 +8,12 @@ and backward (backward = 2 x forward), 2 FLOPs per multiply-add:
              + 6 * (H*H + H*V) * P              (MLM head at predicted slots)
              + 6 * (H*H + 2*H) * B              (pooler + NSP head, if any)
 
+ELECTRA (``config.model='electra'``) counts both encoders with the same
+terms, each tower's E -> H projection where its width H differs from the
+embedding width E (``6 * E * H * T``), the generator's MLM head at the
+predicted slots (``6 * (H_g * E + E * V) * P``) and the discriminator's
+per-token head (``6 * (H*H + H) * T``), and no pooler.
+
 with T = B * S tokens per step (global batch B, sequence length S), L layers,
 hidden size H, feed-forward size F, vocabulary V, and P = B *
 max_predictions_per_seq prediction slots (the model computes logits only
@@ -73,17 +79,18 @@ def step_flops(config) -> float:
       seq_len, max_predictions_per_seq and sentence_head (default True).
   """
   size = sizes.resolve(config)
-  h, f, layers = size.hidden_size, size.mlp_dim, size.num_layers
+  h = size.hidden_size
   b, s = int(config.batch_size), int(config.seq_len)
   tokens = b * s
   predictions = b * int(config.max_predictions_per_seq)
-  passes = layers
+  if config.get("model") == "electra":
+    return _electra_flops(config, size, s, tokens, predictions)
+  total = _encoder_flops(size, s, tokens)
   if config.get("model") == "deberta":
-    passes += int(config.get("emd_layers", 0))
-  n_layers = passes * (4 * h * h + 2 * h * f)
-  total = 6.0 * n_layers * tokens
-  total += 12.0 * passes * h * s * tokens
-  if config.get("model") == "deberta":
+    # The enhanced mask decoder re-runs the last layer emd_layers times, and
+    # every layer pass adds the disentangled position terms.
+    passes = size.num_layers + int(config.get("emd_layers", 0))
+    total *= passes / size.num_layers
     total += passes * _disentangled_flops(config, h, s, tokens)
   total += 6.0 * (h * h + h * int(config.vocab_size)) * predictions
   if config.get("sentence_head", True) and config.get("objective", "bert") != "mlm_only":
@@ -104,6 +111,28 @@ def _disentangled_flops(config, h: int, s: int, tokens: int) -> float:
   index, _ = disentangled.relative_index(s, span, buckets, max_distance)
   rows = int(index.max()) + 1
   return terms * (6.0 * tokens * rows * h + 6.0 * rows * h * h)
+
+
+def _encoder_flops(size: sizes.Size, seq_len: int, tokens: int) -> float:
+  """Weight matmuls and attention of one encoder stack, forward + backward."""
+  h, f, layers = size.hidden_size, size.mlp_dim, size.num_layers
+  return (6.0 * layers * (4 * h * h + 2 * h * f) * tokens
+          + 12.0 * layers * h * seq_len * tokens)
+
+
+def _electra_flops(config, size: sizes.Size, seq_len: int, tokens: int,
+                   predictions: int) -> float:
+  """ELECTRA (module docstring): both encoders, their E -> H projections
+  where E differs, the generator's MLM head at the predicted slots and the
+  discriminator's per-token head, forward + backward."""
+  from bertjax.models import electra
+  gen = electra.generator_size(config)
+  e, h, g = int(config.embedding_size), size.hidden_size, gen.hidden_size
+  total = _encoder_flops(size, seq_len, tokens) + _encoder_flops(gen, seq_len, tokens)
+  total += 6.0 * e * (h * (e != h) + g * (e != g)) * tokens
+  total += 6.0 * (g * e + e * int(config.vocab_size)) * predictions
+  total += 6.0 * (h * h + h) * tokens
+  return total
 
 
 def _datasheet_peak(device_kind: str) -> float | None:

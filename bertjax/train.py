@@ -76,8 +76,9 @@ def train_step(state: state_lib.TrainState, batch: dict[str, jax.Array],
 
   if microbatches == 1:
     def loss_fn(params):
-      outputs = model.apply({"params": params}, inputs, deterministic=False,
-                            rngs={"dropout": dropout_rng})
+      apply = objectives.base.bind(model, params, deterministic=False,
+                                   dropout_rng=dropout_rng)
+      outputs = objectives.base.forward(objective, apply, inputs, targets)
       return objective.loss(outputs, targets)
 
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
@@ -148,9 +149,11 @@ def _accumulate(params, inputs, targets, dropout_rng, model, objective,
 
   micro_inputs = jax.tree.map(split, inputs)
   micro_targets = jax.tree.map(split, targets)
-  first = jax.tree.map(lambda x: x[0], micro_inputs)
+  first = jax.tree.map(lambda x: x[0], (micro_inputs, micro_targets))
   out_shapes = jax.eval_shape(
-      lambda p, x: model.apply({"params": p}, x, deterministic=True), params, first)
+      lambda p, xy: objectives.base.forward(
+          objective, objectives.base.bind(model, p, deterministic=True), *xy),
+      params, first)
   zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out_shapes)
   count_metrics = jax.vmap(lambda t: objective.loss(zeros, t)[1])(micro_targets)
   terms = _loss_terms(objective, count_metrics)
@@ -161,8 +164,10 @@ def _accumulate(params, inputs, targets, dropout_rng, model, objective,
     x, y = micro
 
     def loss_fn(p):
-      outputs = model.apply({"params": p}, x, deterministic=False,
-                            rngs={"dropout": jax.random.fold_in(dropout_rng, index)})
+      apply = objectives.base.bind(
+          model, p, deterministic=False,
+          dropout_rng=jax.random.fold_in(dropout_rng, index))
+      outputs = objectives.base.forward(objective, apply, x, y)
       _, m = objective.loss(outputs, y)
       return sum(m[t][0] / totals[t] for t in terms), m
 

@@ -36,6 +36,7 @@ ARCHITECTURES = {
     "roberta": "bertjax.convert.roberta",
     "albert": "bertjax.convert.albert",
     "deberta-v2": "bertjax.convert.deberta",
+    "electra": "bertjax.convert.electra",
 }
 
 

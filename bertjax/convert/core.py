@@ -20,7 +20,8 @@ DIM_FIELDS = ("num_layers", "hidden_size", "num_heads", "mlp_dim")
 MODEL_FIELDS = ("model", "vocab_size", "max_position_embeddings", "type_vocab_size",
                 *DIM_FIELDS, "dropout_rate", "attention_dropout_rate")
 # Model fields that only some configs have: configs/roberta.py's sentence_head
-# (no pooler/NSP), configs/albert.py's embedding_size and layer_sharing, and
+# (no pooler/NSP), configs/albert.py's embedding_size and layer_sharing,
+# configs/electra.py's generator sizes, and
 # what an import records for the way back (the HF model_type, RoBERTa's
 # position offset, the vocabulary reordering).
 OPTIONAL_FIELDS = ("sentence_head", "embedding_size", "layer_sharing", "hf_model_type",
@@ -29,7 +30,10 @@ OPTIONAL_FIELDS = ("sentence_head", "embedding_size", "layer_sharing", "hf_model
                    # configs/deberta.py's attention and decoder fields.
                    "position_buckets", "max_relative_positions", "pos_att_type",
                    "share_att_key", "norm_rel_ebd", "position_biased_input",
-                   "emd_layers", "hf_legacy_mlm_head")
+                   "emd_layers", "hf_legacy_mlm_head",
+                   # configs/electra.py's generator.
+                   "generator_hidden_fraction", "generator_num_layers",
+                   "generator_hidden_size", "generator_num_heads", "generator_mlp_dim")
 # Old TF-converted checkpoints name LayerNorm parameters gamma/beta.
 _LEGACY_SUFFIXES = {".gamma": ".weight", ".beta": ".bias"}
 

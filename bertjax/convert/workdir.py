@@ -97,7 +97,12 @@ def _load_hf(hf_dir: str, tokenizer_dir: str | None, seed: int):
   """``load_hf`` plus the HF rows the params leave out (``core.dropped_rows``)."""
   hf_config = hf_files.read_config(hf_dir)
   mapping = convert.mapping_for_hf(hf_config.get("model_type", ""))
-  fields = mapping.model_fields(hf_config)
+  # A mapping may read a companion checkpoint beside the model (ELECTRA's
+  # generator in <hf_dir>/generator): its config and its tensors, renamed.
+  companion_config, companion = (mapping.read_companion(hf_dir)
+                                 if hasattr(mapping, "read_companion") else (None, {}))
+  fields = (mapping.model_fields(hf_config, companion_config) if companion_config
+            else mapping.model_fields(hf_config))
   if tokenizer_dir is None:
     tokenizer = hf_tokenizers.HfTokenizer(
         hf_dir, special=hf_tokenizers.special_tokens(hf_dir, mapping.SPECIAL_TOKENS),
@@ -107,7 +112,7 @@ def _load_hf(hf_dir: str, tokenizer_dir: str | None, seed: int):
         hf_dir, tokenizer_dir, mapping.SPECIAL_TOKENS, fields["vocab_size"])
   fields["hf_special_ids"] = tuple(tokenizer.special_ids)
   shapes = core.param_shapes(mapping.build_model(fields, _float32()))
-  tensors = hf_files.read_tensors(hf_dir)
+  tensors = {**hf_files.read_tensors(hf_dir), **companion}
   params, initialised, unused = core.hf_to_params(
       mapping, fields, tensors, shapes, tokenizer.order, seed)
   kept = core.dropped_rows(mapping, fields, tensors)
@@ -336,7 +341,12 @@ def export_hf(workdir: str, out_dir: str, step: int | None = None,
   pad_id = special[0] if special else batch_lib.PAD_ID
   tensors = core.params_to_hf(mapping, dims, params, core.vocab_order(config),
                               _kept_tensors(config))
+  companions = {}
+  if hasattr(mapping, "split_companion"):  # ELECTRA's generator, see read_companion
+    tensors, companions = mapping.split_companion(dims, pad_id, tensors)
   hf_files.write(out_dir, mapping.hf_config(dims, pad_id), tensors)
+  for subdir, (companion_config, companion) in companions.items():
+    hf_files.write(os.path.join(out_dir, subdir), companion_config, companion)
   tok_path = config.get("tokenizer_path")
   if config.get("tokenizer") == "hf" and tok_path and os.path.isdir(tok_path):
     files = hf_files.copy_tokenizer_files(tok_path, out_dir)

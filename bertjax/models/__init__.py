@@ -18,12 +18,14 @@ import numpy as np
 from bertjax.models import albert
 from bertjax.models import bert
 from bertjax.models import deberta
+from bertjax.models import electra
 from bertjax.models import spanbert
 
 _BUILDERS: dict[str, Callable[[ml_collections.ConfigDict, Any], nn.Module]] = {
     "albert": albert.from_config,
     "bert": bert.from_config,
     "deberta": deberta.from_config,
+    "electra": electra.from_config,
     "spanbert": spanbert.from_config,
 }
 

@@ -2,8 +2,9 @@
 
 tiny..medium follow the BERT miniatures (Turc et al., 2019); base and large are
 the sizes of the BERT paper, which ALBERT's base and large share; xlarge and
-xxlarge are ALBERT's (Lan et al., 2019, Table 1). A variant picks a row with
-``config.model_size``.
+xxlarge are ALBERT's (Lan et al., 2019, Table 1); electra-small is ELECTRA's
+small discriminator (Clark et al., 2020: BERT-base depth at width 256), whose
+base and large are BERT's. A variant picks a row with ``config.model_size``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ SIZES: dict[str, Size] = {
     "mini": Size(num_layers=4, hidden_size=256, num_heads=4, mlp_dim=1024),
     "small": Size(num_layers=4, hidden_size=512, num_heads=8, mlp_dim=2048),
     "medium": Size(num_layers=8, hidden_size=512, num_heads=8, mlp_dim=2048),
+    "electra-small": Size(num_layers=12, hidden_size=256, num_heads=4, mlp_dim=1024),
     "base": Size(num_layers=12, hidden_size=768, num_heads=12, mlp_dim=3072),
     "large": Size(num_layers=24, hidden_size=1024, num_heads=16, mlp_dim=4096),
     "xlarge": Size(num_layers=24, hidden_size=2048, num_heads=16, mlp_dim=8192),

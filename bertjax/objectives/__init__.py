@@ -12,6 +12,7 @@ from typing import Any, Callable
 from bertjax.objectives import albert
 from bertjax.objectives import base
 from bertjax.objectives import bert
+from bertjax.objectives import electra
 from bertjax.objectives import ernie
 from bertjax.objectives import mlm_only
 from bertjax.objectives import spanbert
@@ -19,6 +20,7 @@ from bertjax.objectives import spanbert
 _REGISTRY: dict[str, Callable[[Any], base.Objective]] = {
     "albert": albert.AlbertObjective,
     "bert": bert.BertObjective,
+    "electra": electra.ElectraObjective,
     "ernie": ernie.ErnieObjective,
     "mlm_only": mlm_only.MlmOnlyObjective,
     "spanbert": spanbert.SpanBertObjective,

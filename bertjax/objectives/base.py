@@ -23,11 +23,34 @@ Model outputs (a dict) hold at least:
 
 Metrics are returned as ``{name: (sum, count)}`` pairs of float32 scalars so
 that they add up across micro-batches, steps and devices; the reader divides.
+
+Steps with two networks and a sampling key (ELECTRA). ``corrupt -> apply ->
+loss`` cannot say "run the generator, sample from it, run the discriminator
+on the samples": the discriminator's input exists only after a forward pass.
+So the interface grew once, for every objective, by one optional method,
+``forward(apply, inputs, targets) -> outputs``, which replaces the single
+``model.apply`` between ``corrupt`` and ``loss``. ``apply(inputs,
+method=None)`` is the model bound to the step's params, dropout key and
+determinism, so an objective may call it several times and pick a model
+method (``method='generate'``). The loop calls the module function
+``forward`` below, whose default is the one ``apply(inputs)`` of before: no
+existing objective changed, and train.py and evaluation.py have no variant
+branch. Why this and not the alternatives:
+  * The model stays one flax module holding both networks (one params tree,
+    optimizer state and checkpoint; shared embeddings are just shared
+    submodules), and models still never sample.
+  * Randomness stays in ``corrupt``: it puts per-example sampling keys into
+    ``targets`` (raw uint32 key data, so gradient accumulation slices them
+    like any array); ``forward`` takes no key and is a pure function of its
+    arguments, so a resumed or re-sharded run samples the same tokens.
+  * ``loss`` keeps its signature. What a forward pass produces beyond the
+    model's outputs (ELECTRA's replaced/original labels, known only after
+    sampling) travels in ``outputs``.
 """
 
 from __future__ import annotations
 
-from typing import Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 import jax
 
@@ -56,3 +79,33 @@ class Objective(Protocol):
            targets: Mapping[str, jax.Array]) -> tuple[jax.Array, Metrics]:
     """Returns (scalar float32 loss to minimise, metrics as (sum, count))."""
     ...
+
+
+# ``apply(inputs, method=None) -> outputs``: the model bound to its params.
+Apply = Callable[..., dict[str, jax.Array]]
+
+
+def bind(model, params, *, deterministic: bool, dropout_rng=None):
+  """``apply(inputs, method=None)``: ``model`` bound to ``params``, as
+  ``forward`` calls it (one or several times per step)."""
+  rngs = None if dropout_rng is None else {"dropout": dropout_rng}
+
+  def apply(inputs, method=None):
+    return model.apply({"params": params}, inputs, deterministic=deterministic,
+                       rngs=rngs, method=method)
+
+  return apply
+
+
+def forward(objective: Any, apply: Apply, inputs: Mapping[str, jax.Array],
+            targets: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+  """The model outputs ``objective.loss`` scores.
+
+  ``objective.forward(apply, inputs, targets)`` where the objective defines
+  it (several model calls, e.g. ELECTRA's generator then discriminator);
+  otherwise the one call ``apply(inputs)``.
+  """
+  custom = getattr(objective, "forward", None)
+  if custom is None:
+    return apply(inputs)
+  return custom(apply, inputs, targets)
