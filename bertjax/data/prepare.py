@@ -292,7 +292,6 @@ def _tokenize(config, data_dir: str, name: str, tok, sources, spans,
   stage.publish(len(tasks), [builders.split_key(s) for s in sources],
                 builders.tokenized_features(spans is not None), metadata,
                 "Tokenized documents: ids, word starts, sentence lengths.")
-  shards.write_manifest(dataset_dir)
   return dataset_dir
 
 
@@ -339,6 +338,13 @@ def prepare(config, data_dir: str, *, beam_runner: str = "",
   spans = (knowledge.Settings.from_config(config)
            if config.get("knowledge_spans", False) else None)
   engine = engine_of(config, beam_runner, beam_options)
+  try:
+    return _prepare(config, data_dir, spans, engine)
+  finally:
+    workers.shutdown()
+
+
+def _prepare(config, data_dir: str, spans, engine: text_sources.Engine) -> PreparedData:
   start = time.time()
   os.makedirs(data_dir, exist_ok=True)
   key = builders.source_key(config.dataset)

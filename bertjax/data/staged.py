@@ -11,9 +11,10 @@ leaves only whole units and stray temporary files, and the next run redoes
 just the missing units.
 
 When every unit has a receipt, ``publish`` renames the non-empty staged shards
-into TFDS's names (``<name>-<split>.array_record-<i>-of-<n>``, in unit order)
-and writes ``dataset_info.json`` through ``tfds.folder_dataset.write_metadata``,
-last: TFDS (and ``prepare``) treat a directory without it as not prepared.
+into TFDS's names (``<name>-<split>.array_record-<i>-of-<n>``, in unit order),
+writes their manifest (bertjax/data/shards.py; the sha256 of each shard was
+taken by the worker that wrote it) and ``dataset_info.json`` through
+``tfds.folder_dataset.write_metadata``, last: TFDS (and ``prepare``) treat a directory without it as not prepared.
 Because a unit's records depend only on its input, the published shards are
 the same bytes whatever the number of workers or the engine that ran them.
 
@@ -34,6 +35,9 @@ from array_record.python import array_record_module
 from etils import epath
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core import example_serializer
+
+from bertjax.data import shards
+from bertjax.data import tokenizer as tokenizer_lib
 
 STAGING = ".staging"
 # One record per Riegeli chunk group: every record is a cheap random access.
@@ -113,7 +117,7 @@ class Stage:
       size) and stats.
     """
     self.dir.mkdir(parents=True, exist_ok=True)
-    counts, sizes = {}, {}
+    counts, sizes, digests = {}, {}, {}
     with tempfile.TemporaryDirectory(prefix="bertjax-unit-") as tmp:
       for split, examples in records.items():
         final = self._shard(index, split)
@@ -126,6 +130,8 @@ class Stage:
           writer.write(example)
           count += 1
         writer.close()
+        # Hashed here, in the worker, for the manifest (shards.py).
+        digests[split] = tokenizer_lib.file_fingerprint(local)
         if is_local(final):
           os.replace(local, final)
         else:
@@ -133,7 +139,7 @@ class Stage:
         counts[split] = count
         sizes[split] = final.stat().length
     receipt = {"plan": self.plan, "records": counts, "bytes": sizes,
-               "stats": dict(stats)}
+               "sha256": digests, "stats": dict(stats)}
     _write_atomically(self._receipt(index), json.dumps(receipt, sort_keys=True))
     return receipt
 
@@ -165,7 +171,7 @@ class Stage:
     missing = [i for i, r in enumerate(receipts) if r is None]
     if missing:
       raise RuntimeError(f"units {missing[:10]} of {self.dataset_dir} are unfinished")
-    split_infos = []
+    split_infos, manifest = [], {}
     for split in splits:
       units = [i for i, r in enumerate(receipts) if r["records"].get(split)]
       if not units:
@@ -177,6 +183,9 @@ class Stage:
         self._shard(unit, split).replace(self.dataset_dir / name)
         lengths.append(receipts[unit]["records"][split])
         num_bytes += receipts[unit]["bytes"][split]
+        manifest[name] = {"bytes": receipts[unit]["bytes"][split],
+                          "sha256": receipts[unit]["sha256"][split],
+                          "records": receipts[unit]["records"][split]}
       template = tfds.core.ShardedFileTemplate(
           data_dir=self.dataset_dir, template=_TEMPLATE,
           dataset_name=self.dataset_name, split=split,
@@ -184,6 +193,8 @@ class Stage:
       split_infos.append(tfds.core.SplitInfo(
           name=split, shard_lengths=lengths, num_bytes=num_bytes,
           filename_template=template))
+    _write_atomically(self.dataset_dir / shards.MANIFEST,
+                      json.dumps(manifest, indent=1, sort_keys=True))
     tfds.folder_dataset.write_metadata(
         data_dir=self.dataset_dir, features=features, split_infos=split_infos,
         filename_template=_TEMPLATE, check_data=False, description=description,

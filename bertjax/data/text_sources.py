@@ -160,7 +160,6 @@ def _local_text(config, data_dir: str, engine: Engine) -> str:
   stage.publish(len(tasks), ["train", "validation"], builders.text_features(), {
       "text_files": config.text_files, "files_fingerprint": fingerprint,
       "num_sentences": sentences}, "The user's text files, split into sentences.")
-  shards.write_manifest(dataset_dir)
   logging.info("Built %s in %.1f s: %d documents from %d files.", config.dataset,
                time.time() - start, docs, len(paths))
   return dataset_dir

@@ -100,10 +100,29 @@ def run(run_unit: Callable[[Any], dict[str, Any]], tasks: Sequence[Any], *,
     for task in tasks:
       report(run_unit(task))
     return
-  context = multiprocessing.get_context("spawn")
-  with context.Pool(min(workers, len(tasks)), initializer=_init_worker) as pool:
-    for receipt in pool.imap_unordered(run_unit, tasks, chunksize=1):
-      report(receipt)
+  for receipt in _pool(workers).imap_unordered(run_unit, tasks, chunksize=1):
+    report(receipt)
+
+
+# The worker pool of this process: started by the first stage that needs one
+# and kept for the next (each spawned worker pays a few seconds of imports).
+_POOLS: dict[int, Any] = {}
+
+
+def _pool(workers: int):
+  if workers not in _POOLS:
+    shutdown()
+    context = multiprocessing.get_context("spawn")
+    _POOLS[workers] = context.Pool(workers, initializer=_init_worker)
+  return _POOLS[workers]
+
+
+def shutdown() -> None:
+  """Stops the worker pool, if any (prepare calls it when it returns or fails)."""
+  while _POOLS:
+    _, pool = _POOLS.popitem()
+    pool.terminate()
+    pool.join()
 
 
 def _run_beam(run_unit, tasks, runner: str, options: Sequence[str]) -> None:
