@@ -134,7 +134,7 @@ def run_prepare(corpus: str, workers: int, beam_runner: str = "",
   if beam_runner:
     cmd += [f"--beam_runner={beam_runner}",
             f"--beam_options=--direct_num_workers={workers},"
-            f"--direct_running_mode=multi_processing"]
+            "--direct_running_mode=multi_threading"]
   start = time.time()
   proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True, cwd=tempfile.gettempdir())

@@ -9,7 +9,9 @@ and ``run_unit(task)`` does it, writing its output and receipt itself
   may hold JAX, whose threads do not survive a fork). Each worker handles
   whole units; the output does not depend on which worker ran what.
 * ``beam_runner``: an Apache Beam pipeline ``Create(tasks) | Map(run_unit)``
-  on that runner (DirectRunner locally, DataflowRunner, SparkRunner, ...),
+  on that runner (DirectRunner locally -- run as Beam's FnApiRunner, since
+  the DirectRunner would first download its Prism binary --, DataflowRunner,
+  SparkRunner, ...),
   with ``beam_options`` as its pipeline options. Beam workers need bertjax
   installed and a data_dir they can all reach (gs:// on Dataflow).
 
@@ -133,6 +135,11 @@ def _run_beam(run_unit, tasks, runner: str, options: Sequence[str]) -> None:
     raise ValueError(
         "--beam_runner needs Apache Beam; install the beam extra "
         "(pip install -e '.[beam]').") from None
+  if runner == "DirectRunner":
+    # Beam's DirectRunner first tries Prism, a binary it downloads; bertjax
+    # never reaches the network, so it runs Beam's local FnApiRunner, which the
+    # same --direct_num_workers / --direct_running_mode options drive.
+    runner = "FnApiRunner"
   opts = pipeline_options.PipelineOptions(list(options), runner=runner)
   logging.info("Running %d units on Beam's %s.", len(tasks), runner)
   with beam.Pipeline(options=opts) as pipeline:
