@@ -31,18 +31,7 @@ IGNORED = ("albert.embeddings.position_ids", "albert.embeddings.token_type_ids",
 # AlbertTokenizer's defaults, at ids 0..4 of the released sentencepiece models.
 SPECIAL_TOKENS = ("<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]")
 
-_FIELDS = {
-    "vocab_size": "vocab_size",
-    "embedding_size": "embedding_size",
-    "max_position_embeddings": "max_position_embeddings",
-    "type_vocab_size": "type_vocab_size",
-    "num_hidden_layers": "num_layers",
-    "hidden_size": "hidden_size",
-    "num_attention_heads": "num_heads",
-    "intermediate_size": "mlp_dim",
-    "hidden_dropout_prob": "dropout_rate",
-    "attention_probs_dropout_prob": "attention_dropout_rate",
-}
+_FIELDS = {**bert_mapping.HF_FIELDS, "embedding_size": "embedding_size"}
 # The one shared layer of HF's single group.
 _LAYER = "albert.encoder.albert_layer_groups.0.albert_layers.0"
 

@@ -28,8 +28,9 @@ IGNORED = ("bert.embeddings.position_ids", "cls.predictions.decoder.weight",
 # Default token strings of [PAD], [UNK], [CLS], [SEP], [MASK].
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
-# HF config key -> bertjax config field.
-_FIELDS = {
+# HF config key -> bertjax config field, for every BERT-family config.json
+# (DeBERTa's as is; ALBERT and ELECTRA add embedding_size).
+HF_FIELDS = {
     "vocab_size": "vocab_size",
     "max_position_embeddings": "max_position_embeddings",
     "type_vocab_size": "type_vocab_size",
@@ -57,10 +58,10 @@ def model_fields(hf_config: Mapping[str, Any]) -> dict[str, Any]:
     raise ValueError(
         f"config.json has position_embedding_type={kind!r}; bertjax's BERT "
         "has learned absolute positions only.")
-  missing = [k for k in _FIELDS if k not in hf_config]
+  missing = [k for k in HF_FIELDS if k not in hf_config]
   if missing:
     raise ValueError(f"config.json lacks {missing}; is it a BERT config?")
-  fields = {ours: hf_config[theirs] for theirs, ours in _FIELDS.items()}
+  fields = {ours: hf_config[theirs] for theirs, ours in HF_FIELDS.items()}
   fields["model"] = BERTJAX_MODEL
   fields.update(numerics)
   return fields
@@ -89,7 +90,7 @@ def _sentence_head(config: Mapping[str, Any]) -> bool:
 
 def hf_config(config: Mapping[str, Any], pad_token_id: int) -> dict[str, Any]:
   """The HF config.json of a bertjax BERT config (with explicit dimensions)."""
-  out = {theirs: config[ours] for theirs, ours in _FIELDS.items()}
+  out = {theirs: config[ours] for theirs, ours in HF_FIELDS.items()}
   numerics = layers.numerics(config)
   architecture = HF_ARCHITECTURE if _sentence_head(config) else HF_ARCHITECTURE_MLM_ONLY
   out.update(

@@ -58,17 +58,7 @@ IGNORED = ("deberta.embeddings.position_ids", "cls.predictions.decoder.weight",
 # 3 [UNK] and [MASK] after the sentencepiece pieces.
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
-_FIELDS = {
-    "vocab_size": "vocab_size",
-    "max_position_embeddings": "max_position_embeddings",
-    "type_vocab_size": "type_vocab_size",
-    "num_hidden_layers": "num_layers",
-    "hidden_size": "hidden_size",
-    "num_attention_heads": "num_heads",
-    "intermediate_size": "mlp_dim",
-    "hidden_dropout_prob": "dropout_rate",
-    "attention_probs_dropout_prob": "attention_dropout_rate",
-}
+_FIELDS = bert_mapping.HF_FIELDS
 
 
 def _refuse_unsupported(hf_config: Mapping[str, Any]) -> None:

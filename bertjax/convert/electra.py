@@ -47,18 +47,7 @@ _BUFFERS = ("electra.embeddings.position_ids", "electra.embeddings.token_type_id
 IGNORED = _BUFFERS + tuple(GENERATOR_PREFIX + b for b in _BUFFERS) + (
     GENERATOR_PREFIX + "generator_lm_head.weight",)
 
-_FIELDS = {
-    "vocab_size": "vocab_size",
-    "embedding_size": "embedding_size",
-    "max_position_embeddings": "max_position_embeddings",
-    "type_vocab_size": "type_vocab_size",
-    "num_hidden_layers": "num_layers",
-    "hidden_size": "hidden_size",
-    "num_attention_heads": "num_heads",
-    "intermediate_size": "mlp_dim",
-    "hidden_dropout_prob": "dropout_rate",
-    "attention_probs_dropout_prob": "attention_dropout_rate",
-}
+_FIELDS = {**bert_mapping.HF_FIELDS, "embedding_size": "embedding_size"}
 _GENERATOR_FIELDS = {
     "num_hidden_layers": "generator_num_layers",
     "hidden_size": "generator_hidden_size",
