@@ -51,7 +51,6 @@ class Progress:
   def __init__(self, what: str, total_bytes: int, num_units: int):
     self._what = what
     self.total_bytes = total_bytes
-    self._total = max(total_bytes, 1)
     self._units = num_units
     self._start = time.time()
     self._done_units = self._docs = self._bytes = 0
@@ -66,10 +65,10 @@ class Progress:
       return
     self._last = now
     rate = self._bytes / max(now - self._start, 1e-9)
-    eta = (self._total - self._bytes) / rate if rate else float("inf")
+    eta = (self.total_bytes - self._bytes) / rate if rate else float("inf")
     logging.info("%s: %d/%d units, %d documents, %.1f/%.1f MB, %.2f MB/s, ETA %s",
                  self._what, self._done_units, self._units, self._docs,
-                 self._bytes / 1e6, self._total / 1e6, rate / 1e6,
+                 self._bytes / 1e6, self.total_bytes / 1e6, rate / 1e6,
                  time.strftime("%H:%M:%S", time.gmtime(max(eta, 0))))
 
 
