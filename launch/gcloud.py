@@ -1,0 +1,128 @@
+"""The gcloud commands of a Cloud TPU run, as argv lists (pure functions).
+
+Nothing here runs anything: ``launch/tpu.py`` hands these lists to a runner,
+or prints them with ``--dry_run``. A slice is either a TPU VM (``tpu-vm
+create``, on-demand or ``--spot``) or a queued resource (``queued-resources
+create``, which asks for the same slice and waits in Google's queue for it;
+``--spot`` there too). The TPU VM node of a queued resource gets the queued
+resource's name, so ``ssh`` addresses both the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+
+# The state ``describe`` prints once the slice can run: a TPU VM's and a
+# queued resource's.
+READY = frozenset({"READY", "ACTIVE"})
+# States from which the slice does not come back by itself: it is deleted and
+# created again (a spot TPU VM cannot be restarted after a preemption; a queued
+# resource whose TPUs were taken is SUSPENDED and must be requested again).
+LOST = frozenset({"PREEMPTED", "TERMINATED", "FAILED", "SUSPENDED"})
+
+# Each worker writes the exit status of its training process here, so that the
+# launcher can tell a preemption (75) from a failure whatever status gcloud
+# makes of several workers' exits.
+STATUS_FILE = "~/bertjax-train.status"
+LOG_FILE = "~/bertjax-train.log"
+# The worker's index in the slice: GKE sets TPU_WORKER_ID; on a TPU VM the
+# metadata server knows it.
+_WORKER_ID = ("${TPU_WORKER_ID:-$(curl -sf -H Metadata-Flavor:Google "
+              "http://metadata.google.internal/computeMetadata/v1/instance/"
+              "attributes/agent-worker-number || echo 0)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+  """Which slice, where, and how it is paid for."""
+  name: str                 # TPU VM name (and queued resource id)
+  zone: str
+  project: str              # '' = gcloud's configured project
+  accelerator_type: str     # e.g. 'v5p-128'
+  runtime_version: str      # e.g. 'v2-alpha-tpuv5'
+  spot: bool = False
+  queued: bool = False
+
+
+def _where(t: Target) -> list[str]:
+  return [f"--zone={t.zone}"] + ([f"--project={t.project}"] if t.project else [])
+
+
+def _tpu_vm(t: Target, verb: str) -> list[str]:
+  return ["gcloud", "compute", "tpus", "tpu-vm", verb, t.name, *_where(t)]
+
+
+def _queued(t: Target, verb: str) -> list[str]:
+  return ["gcloud", "compute", "tpus", "queued-resources", verb, t.name, *_where(t)]
+
+
+def create_argv(t: Target) -> list[str]:
+  """Creates the slice (a TPU VM) or queues the request for it."""
+  spot = ["--spot"] if t.spot else []
+  if t.queued:
+    return [*_queued(t, "create"), f"--node-id={t.name}",
+            f"--accelerator-type={t.accelerator_type}",
+            f"--runtime-version={t.runtime_version}", *spot]
+  return [*_tpu_vm(t, "create"), f"--accelerator-type={t.accelerator_type}",
+          f"--version={t.runtime_version}", *spot]
+
+
+def describe_argv(t: Target) -> list[str]:
+  """Prints the slice's state alone (READY, ACTIVE, PREEMPTED, ...)."""
+  if t.queued:
+    return [*_queued(t, "describe"), "--format=value(state.state)"]
+  return [*_tpu_vm(t, "describe"), "--format=value(state)"]
+
+
+def delete_argv(t: Target) -> list[str]:
+  """Deletes the slice without asking (a queued resource with its TPU VMs)."""
+  if t.queued:
+    return [*_queued(t, "delete"), "--force", "--quiet"]
+  return [*_tpu_vm(t, "delete"), "--quiet"]
+
+
+def ssh_argv(t: Target, command: str, worker: str = "all") -> list[str]:
+  """Runs ``command`` on one worker ('0') or on all of them at once ('all')."""
+  return [*_tpu_vm(t, "ssh"), f"--worker={worker}", f"--command={command}"]
+
+
+def train_argv(config: str, workdir: str, extra: list[str]) -> list[str]:
+  """The training command every worker runs (from the repository's root)."""
+  return ["python3", "-m", "bertjax.main", "--distributed", f"--config={config}",
+          f"--workdir={workdir}", *extra]
+
+
+def remote_script(repo: str, rev: str, train: list[str]) -> str:
+  """The bash script each worker runs: check out ``rev``, install, train.
+
+  Every worker runs the same script. Worker 0 streams its training output
+  (and keeps it in ~/bertjax-train.log); the others only write their log and
+  print its tail if they fail, so the launcher's terminal shows one log, not
+  16 interleaved ones. The script exits with the training's status (75 after
+  a preemption) and leaves it in ~/bertjax-train.status.
+  """
+  q = shlex.quote
+  train_cmd = shlex.join(train)
+  return "; ".join([
+      "set -eo pipefail",
+      f"rm -f {STATUS_FILE}",
+      "if [ -d ~/bertjax/.git ]; then cd ~/bertjax && "
+      f"git remote set-url origin {q(repo)} && git fetch -q origin; "
+      f"else git clone -q {q(repo)} ~/bertjax && cd ~/bertjax; fi",
+      f"git checkout -q --detach {q(rev)}",
+      'python3 -m pip install -q ".[tpu]"',
+      f"worker={_WORKER_ID}",
+      "set +e",
+      f'if [ "$worker" = 0 ]; then {train_cmd} 2>&1 | tee {LOG_FILE}; '
+      "status=${PIPESTATUS[0]}; "
+      f"else {train_cmd} > {LOG_FILE} 2>&1; status=$?; "
+      f'[ "$status" = 0 ] || tail -n 20 {LOG_FILE}; fi',
+      f"echo $status > {STATUS_FILE}",
+      "exit $status",
+  ])
+
+
+def remote_command(repo: str, rev: str, train: list[str]) -> str:
+  """``remote_script`` as one command line for ``ssh --command`` (run by bash)."""
+  return shlex.join(["bash", "-c", remote_script(repo, rev, train)])
