@@ -1,33 +1,303 @@
-"""The pod launcher builds the right command (checked with --dry-run)."""
+"""The Cloud TPU launcher: --dry_run commands, the relaunch loop, the GKE manifest."""
 
 import os
 import shlex
 import subprocess
+import sys
+
+import pytest
+import yaml  # PyYAML comes with flax
+
+from launch import gcloud
+from launch import gke
+from launch import topologies
+from launch import tpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "launch", "tpu_pod.sh")
+REV = "0123456789abcdef0123456789abcdef01234567"
+WORKDIR = "gs://my-bucket/bert large"  # the space checks the quoting end to end
+TRAIN = ["python3", "-m", "bertjax.main", "--distributed",
+         "--config=configs/bert.py:large", f"--workdir={WORKDIR}",
+         "--config.mesh_shape=1,-1,1"]
 
 
-def test_dry_run_prints_one_gcloud_command_for_all_workers():
-  proc = subprocess.run(
-      ["bash", SCRIPT, "--dry-run", "pod-a", "us-west4-a", "gs://b/run 1",
-       "configs/bert.py:large", "--config.mesh_shape=1,-1,1"],
-      capture_output=True, text=True, env={**os.environ, "REPO": "https://x/r.git",
-                                           "REV": "abc123"}, timeout=30)
+def _launch(*flags, cwd):
+  """Runs python -m launch.tpu from another directory, as a user would."""
+  env = {**os.environ, "PYTHONPATH": ROOT}
+  return subprocess.run(
+      [sys.executable, "-m", "launch.tpu", "--repo=https://example.com/bertjax.git",
+       f"--rev={REV}", "--config=configs/bert.py:large", f"--workdir={WORKDIR}",
+       "--name=pod-a", "--zone=us-east5-a", *flags, "--", "--config.mesh_shape=1,-1,1"],
+      capture_output=True, text=True, env=env, cwd=cwd, timeout=60)
+
+
+def _commands(stdout):
+  return [shlex.split(line) for line in stdout.splitlines()
+          if line and not line.startswith("#")]
+
+
+def _flag(argv, name):
+  values = [a.split("=", 1)[1] for a in argv if a.startswith(name + "=")]
+  assert len(values) == 1, (name, argv)
+  return values[0]
+
+
+def _train_commands(script):
+  """Every `python3 -m bertjax.main ...` the worker script runs, as argv lists."""
+  tokens = shlex.split(script.replace(";", " ; "))
+  found = []
+  for i, token in enumerate(tokens):
+    if token == "bertjax.main":
+      j = i + 1
+      while tokens[j] not in (";", ">", "2>&1", "|"):
+        j += 1
+      found.append(tokens[i - 2:j])
+  return found
+
+
+def _worker_script(ssh):
+  bash = shlex.split(_flag(ssh, "--command"))
+  assert bash[:2] == ["bash", "-c"] and len(bash) == 3
+  return bash[2]
+
+
+@pytest.mark.parametrize("accelerator,runtime,hosts", [
+    ("v5p-128", "v2-alpha-tpuv5", 16), ("v5litepod-16", "v2-alpha-tpuv5-lite", 4)])
+def test_dry_run_spot_slice(tmp_path, accelerator, runtime, hosts):
+  proc = _launch(f"--accelerator_type={accelerator}", "--spot", "--dry_run",
+                 "--delete_at_end", cwd=tmp_path)
   assert proc.returncode == 0, proc.stderr
-  argv = shlex.split(proc.stdout)
-  assert argv[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "pod-a"]
-  assert "--worker=all" in argv and "--zone=us-west4-a" in argv
-  remote = [a for a in argv if a.startswith("--command=")][0]
-  inner = shlex.split(remote[len("--command="):].replace(";", " ; "))
-  assert "--distributed" in inner
-  assert "--workdir=gs://b/run 1" in inner  # quoting survives the space
-  assert "--config=configs/bert.py:large" in inner
-  assert "--config.mesh_shape=1,-1,1" in inner
-  assert "abc123" in inner
+  create, describe, ssh, delete = _commands(proc.stdout)
+  assert create[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "create", "pod-a"]
+  assert _flag(create, "--accelerator-type") == accelerator
+  assert _flag(create, "--version") == runtime
+  assert "--spot" in create and _flag(create, "--zone") == "us-east5-a"
+  assert describe[3:6] == ["tpu-vm", "describe", "pod-a"]
+  # One ssh reaches every worker: all of them get the same script.
+  assert ssh[3:6] == ["tpu-vm", "ssh", "pod-a"] and _flag(ssh, "--worker") == "all"
+  script = _worker_script(ssh)
+  assert f"git checkout -q --detach {REV}" in script
+  assert "git clone -q https://example.com/bertjax.git" in script
+  assert _train_commands(script) == [TRAIN, TRAIN]  # worker 0's branch and the others'
+  assert delete[3:6] == ["tpu-vm", "delete", "pod-a"] and "--quiet" in delete
+  assert topologies.parse(accelerator).hosts == hosts
 
 
-def test_missing_arguments_are_refused():
-  proc = subprocess.run(["bash", SCRIPT, "pod-a"], capture_output=True, text=True,
-                        timeout=30)
-  assert proc.returncode == 2 and "usage:" in proc.stderr
+def test_dry_run_queued_resource(tmp_path):
+  proc = _launch("--accelerator_type=v5litepod-16", "--queued", "--spot",
+                 "--runtime_version=v2-alpha-tpuv5-lite-test", "--project=proj",
+                 "--dry_run", cwd=tmp_path)
+  assert proc.returncode == 0, proc.stderr
+  commands = _commands(proc.stdout)
+  assert len(commands) == 3  # no delete without --delete_at_end
+  create, describe, ssh = commands
+  assert create[3:6] == ["queued-resources", "create", "pod-a"]
+  assert _flag(create, "--node-id") == "pod-a"
+  assert _flag(create, "--accelerator-type") == "v5litepod-16"
+  assert _flag(create, "--runtime-version") == "v2-alpha-tpuv5-lite-test"
+  assert "--spot" in create and _flag(create, "--project") == "proj"
+  assert describe[3:5] == ["queued-resources", "describe"]
+  assert _flag(describe, "--format") == "value(state.state)"
+  assert _flag(ssh, "--worker") == "all" and _flag(ssh, "--project") == "proj"
+  assert _train_commands(_worker_script(ssh)) == [TRAIN, TRAIN]
+
+
+def test_on_demand_has_no_spot_flag(tmp_path):
+  proc = _launch("--accelerator_type=v4-32", "--dry_run", cwd=tmp_path)
+  assert proc.returncode == 0, proc.stderr
+  create = _commands(proc.stdout)[0]
+  assert "--spot" not in create and _flag(create, "--version") == "tpu-ubuntu2204-base"
+
+
+@pytest.mark.parametrize("flags,words", [
+    (["--accelerator_type=v5p-128", "--workdir=/tmp/run"], ["gs://", "16 hosts"]),
+    (["--accelerator_type=v5p-127"], ["multiple of 2"]),
+    (["--accelerator_type=v7-8"], ["not a Cloud TPU type"]),
+    (["--accelerator_type=v5p-8", "--config=/home/me/my.py"], ["inside"]),
+    (["--accelerator_type=v5p-8", "--name=Pod_A"], ["lowercase"]),
+])
+def test_bad_input_is_refused_before_anything_runs(tmp_path, flags, words):
+  proc = _launch(*flags, "--dry_run", cwd=tmp_path)
+  assert proc.returncode == 2
+  assert proc.stdout == ""  # not one command printed
+  message = proc.stderr.strip()
+  assert message.startswith("error:") and "\n" not in message
+  for word in words:
+    assert word in message
+
+
+def test_only_config_overrides_pass_through(tmp_path):
+  env = {**os.environ, "PYTHONPATH": ROOT}
+  proc = subprocess.run(
+      [sys.executable, "-m", "launch.tpu", "--rev=abc", "--repo=r", "--name=a",
+       "--zone=z", "--accelerator_type=v5p-8", "--config=configs/bert.py:tiny",
+       "--workdir=gs://b/w", "--dry_run", "--", "--workdir=gs://other"],
+      capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+  assert proc.returncode == 2 and "--config.FIELD" in proc.stderr
+  assert proc.stdout == ""
+
+
+def test_host_counts_and_topologies():
+  # accelerator type -> (chips, hosts, chips per host, topology)
+  expected = {
+      "v4-32": (16, 4, 4, "2x2x4"),
+      "v5litepod-16": (16, 4, 4, "4x4"),
+      "v5p-128": (64, 16, 4, "4x4x4"),
+      "v5p-8": (4, 1, 4, "2x2x1"),
+      "v5litepod-8": (8, 1, 8, "2x4"),
+      "v6e-8": (8, 1, 8, "2x4"),
+      "v3-32": (16, 4, 4, "4x4"),
+  }
+  for name, want in expected.items():
+    s = topologies.parse(name)
+    assert (s.chips, s.hosts, s.chips_per_host, s.topology) == want, name
+    assert s.chips == s.hosts * s.chips_per_host
+
+
+def _git(repo, *args):
+  subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t",
+                  *args], check=True, capture_output=True)
+
+
+def test_source_is_the_clean_checkout(tmp_path, monkeypatch):
+  _git(tmp_path, "init", "-q")
+  (tmp_path / "f.txt").write_text("a")
+  _git(tmp_path, "add", "f.txt")
+  _git(tmp_path, "commit", "-qm", "c")
+  monkeypatch.setattr(tpu, "ROOT", str(tmp_path))
+  with pytest.raises(tpu.LaunchError, match="--repo"):
+    tpu.resolve_source("", "", allow_dirty=False)
+  _git(tmp_path, "remote", "add", "origin", "https://example.com/x.git")
+  head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"],
+                        capture_output=True, text=True, check=True).stdout.strip()
+  assert tpu.resolve_source("", "", allow_dirty=False) == (
+      "https://example.com/x.git", head)
+  (tmp_path / "f.txt").write_text("b")
+  with pytest.raises(tpu.LaunchError, match="--allow_dirty"):
+    tpu.resolve_source("", "", allow_dirty=False)
+  assert tpu.resolve_source("", "", allow_dirty=True)[1] == head
+
+
+class FakeRunner:
+  """Records argv lists; answers describe with scripted states and the
+  training ssh with scripted exit codes."""
+
+  def __init__(self, states, exits, worker0_status="1"):
+    self.states, self.exits = list(states), list(exits)
+    self.worker0_status = worker0_status
+    self.calls, self.slept = [], 0.0
+
+  def run(self, argv, capture=False):
+    self.calls.append(list(argv))
+    if "describe" in argv:
+      current = self.states.pop(0)
+      return tpu.Result(1, "") if current is None else tpu.Result(0, current + "\n")
+    if "ssh" in argv and "--worker=all" in argv:
+      return tpu.Result(self.exits.pop(0))
+    if "ssh" in argv:
+      return tpu.Result(0, self.worker0_status + "\n")
+    return tpu.Result(0)
+
+  def sleep(self, seconds):
+    self.slept += seconds
+
+  def verbs(self):
+    return [c[4] if c[4] != "ssh" else "ssh:" + _flag(c, "--worker") for c in self.calls]
+
+
+def _target(**kw):
+  return gcloud.Target(name="pod-a", zone="z", project="", accelerator_type="v5p-128",
+                       runtime_version="v2-alpha-tpuv5", **kw)
+
+
+def test_spot_slice_is_recreated_and_training_rerun_after_exit_75():
+  runner = FakeRunner(states=[None, "READY", "PREEMPTED", None, "READY"], exits=[75, 0])
+  rc = tpu.launch(_target(spot=True), "CMD", runner, max_restarts=3, delete_at_end=False)
+  assert rc == 0
+  assert runner.verbs() == ["describe", "create", "describe", "ssh:all",
+                            "describe", "delete", "describe", "create", "describe",
+                            "ssh:all"]
+  trainings = [c for c in runner.calls if "--worker=all" in c]
+  assert trainings[0] == trainings[1] and _flag(trainings[0], "--command") == "CMD"
+  assert all("--spot" in c for c in runner.calls if "create" in c)
+
+
+def test_suspended_queued_resource_is_requested_again():
+  runner = FakeRunner(states=["ACTIVE", "SUSPENDED", None, "WAITING_FOR_RESOURCES",
+                              "ACTIVE"], exits=[75, 0])
+  rc = tpu.launch(_target(spot=True, queued=True), "CMD", runner, max_restarts=1,
+                  delete_at_end=True, poll_seconds=5)
+  assert rc == 0
+  assert runner.verbs() == ["describe", "ssh:all", "describe", "delete", "describe",
+                            "create", "describe", "describe", "ssh:all", "delete"]
+  assert all(c[3] == "queued-resources" for c in runner.calls if c[4] != "ssh")
+  assert runner.slept == 5  # one poll while the request waited in the queue
+
+
+def test_failure_is_not_rerun():
+  runner = FakeRunner(states=["READY", "READY"], exits=[1], worker0_status="1")
+  rc = tpu.launch(_target(spot=True), "CMD", runner, max_restarts=5, delete_at_end=False)
+  assert rc == 1
+  assert runner.verbs().count("ssh:all") == 1
+  assert "delete" not in runner.verbs()
+
+
+def test_max_restarts_is_honoured_and_slice_deleted_at_end():
+  runner = FakeRunner(states=["READY"] * 3, exits=[75] * 3)
+  rc = tpu.launch(_target(spot=True), "CMD", runner, max_restarts=2, delete_at_end=True)
+  assert rc == tpu.EXIT_PREEMPTED
+  assert runner.verbs().count("ssh:all") == 3  # the first run and two restarts
+  assert runner.verbs()[-1] == "delete"
+
+
+def test_a_lost_slice_or_worker_status_75_counts_as_preemption():
+  # gcloud's ssh fails (255) because the VMs went away under it.
+  runner = FakeRunner(states=["READY", "PREEMPTED", None, "READY"], exits=[255, 0])
+  assert tpu.launch(_target(spot=True), "C", runner, max_restarts=1,
+                    delete_at_end=False) == 0
+  assert runner.verbs().count("ssh:all") == 2
+  # gcloud reports 1 for the workers, but worker 0 saved and exited 75.
+  runner = FakeRunner(states=["READY", "READY", "READY"], exits=[1, 0],
+                      worker0_status="75")
+  assert tpu.launch(_target(), "C", runner, max_restarts=1, delete_at_end=False) == 0
+  assert runner.verbs() == ["describe", "ssh:all", "describe", "ssh:0", "describe",
+                            "ssh:all"]
+
+
+def test_waiting_too_long_gives_up():
+  runner = FakeRunner(states=["CREATING"] * 10, exits=[])
+  with pytest.raises(tpu.LaunchError, match="--ready_timeout_minutes"):
+    tpu.launch(_target(queued=True), "C", runner, max_restarts=0, delete_at_end=False,
+               poll_seconds=60, timeout_seconds=180)
+  assert runner.slept == 180 and "ssh:all" not in runner.verbs()
+
+
+@pytest.mark.parametrize("accelerator,hosts,topology,label", [
+    ("v5p-128", 16, "4x4x4", "tpu-v5p-slice"),
+    ("v5litepod-16", 4, "4x4", "tpu-v5-lite-podslice")])
+def test_gke_manifest_runs_the_same_command(tmp_path, accelerator, hosts, topology, label):
+  proc = _launch(f"--accelerator_type={accelerator}", "--gke_manifest", "--spot",
+                 "--max_restarts=7", cwd=tmp_path)
+  assert proc.returncode == 0, proc.stderr
+  jobset = yaml.safe_load(proc.stdout)
+  assert jobset["apiVersion"] == "jobset.x-k8s.io/v1alpha2" and jobset["kind"] == "JobSet"
+  assert jobset["spec"]["failurePolicy"]["maxRestarts"] == 7
+  job = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]
+  assert job["parallelism"] == job["completions"] == hosts
+  pod = job["template"]["spec"]
+  assert pod["nodeSelector"] == {"cloud.google.com/gke-tpu-accelerator": label,
+                                 "cloud.google.com/gke-tpu-topology": topology,
+                                 "cloud.google.com/gke-spot": "true"}
+  (container,) = pod["containers"]
+  assert container["resources"]["limits"]["google.com/tpu"] == 4
+  # The pods run exactly the script the gcloud path sends over ssh.
+  dry = _launch(f"--accelerator_type={accelerator}", "--dry_run", cwd=tmp_path)
+  ssh = _commands(dry.stdout)[2]
+  assert container["command"] == ["bash", "-c", _worker_script(ssh)]
+  assert _train_commands(container["command"][2]) == [TRAIN, TRAIN]
+
+
+def test_gke_refuses_what_it_does_not_offer():
+  with pytest.raises(ValueError, match="GKE offers no v3"):
+    gke.manifest(name="a", slice_=topologies.parse("v3-32"), script="true",
+                 image="i", spot=False, max_restarts=0)
