@@ -265,6 +265,9 @@ def main(argv: Sequence[str]) -> int:
   missing = [f"--{f}" for f in required if not flags.FLAGS[f].value]
   if missing:
     raise LaunchError(f"Missing {', '.join(missing)}; see python -m launch.tpu --help.")
+  if _MAX_RESTARTS.value < 0:
+    raise LaunchError(f"--max_restarts={_MAX_RESTARTS.value} is negative; use 0 "
+                      "(never re-run) or more.")
   slice_ = validate(name=_NAME.value, accelerator_type=_ACCELERATOR.value,
                     config=_CONFIG.value, workdir=_WORKDIR.value, extra=extra)
   repo, rev = resolve_source(_REPO.value, _REV.value, _ALLOW_DIRTY.value)
