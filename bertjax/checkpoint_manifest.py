@@ -27,6 +27,8 @@ from typing import Any
 
 from etils import epath
 
+from bertjax import paths
+
 MANIFEST = "bertjax_manifest.json"
 ASIDE_SUFFIX = ".unreadable"
 # The JSON items of a bertjax checkpoint (bertjax/checkpointing.py) and the
@@ -49,13 +51,8 @@ class Verdict:
 
 def _files(step_dir: epath.Path) -> list[str]:
   """Relative paths of the checkpoint's files, the manifest itself left out."""
-  out = []
-  for dirpath, _, names in step_dir.walk():
-    for name in names:
-      rel = str((dirpath / name).relative_to(step_dir))
-      if not rel.startswith(MANIFEST):
-        out.append(rel)
-  return sorted(out)
+  return [rel for rel, _ in paths.walk_files(step_dir)
+          if not rel.startswith(MANIFEST)]
 
 
 def _digest(path: epath.Path) -> tuple[int, str]:

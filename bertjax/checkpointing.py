@@ -22,9 +22,7 @@ on its own.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging as std_logging
-import os
 import warnings
 from typing import Any, Callable
 
@@ -34,6 +32,7 @@ from absl import logging
 from etils import epath
 
 from bertjax import checkpoint_manifest as manifest_lib
+from bertjax import paths
 from bertjax import state as state_lib
 
 ITEMS = ("state", "data", "config")
@@ -131,7 +130,7 @@ def newest_saved_config(workdir: str) -> tuple[int, dict[str, Any], str] | None:
   Lets a run refuse a mismatched config before it takes the workdir's lock or
   moves a damaged checkpoint aside.
   """
-  directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+  directory = paths.join(workdir, "checkpoints")
   for step in reversed(manifest_lib.committed_steps(directory)):
     try:
       saved = manifest_lib.read_json_item(epath.Path(directory) / str(step), "config")
@@ -145,8 +144,8 @@ class Checkpointer:
   """Saves, verifies and restores the three items of a bertjax checkpoint."""
 
   def __init__(self, workdir: str, *, keep: int = 3, read_only: bool = False):
-    self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
-    if read_only and not os.path.isdir(self.directory):
+    self.directory = paths.join(workdir, "checkpoints")
+    if read_only and not paths.isdir(self.directory):
       raise ValueError(
           f"No checkpoints under {self.directory}; train first with "
           "`python -m bertjax.main --workdir=...` or pass the workdir that has them.")
@@ -342,13 +341,10 @@ class BestCheckpoint:
   """
 
   def __init__(self, workdir: str):
-    self.directory = os.path.join(os.path.abspath(workdir), "best_checkpoint")
-    self._record = os.path.join(self.directory, "best.json")
+    self.directory = paths.join(workdir, "best_checkpoint")
+    self._record = paths.join(self.directory, "best.json")
     self._manager = None
-    self.best = None
-    if os.path.exists(self._record):
-      with open(self._record, encoding="utf-8") as f:
-        self.best = json.load(f)
+    self.best = paths.read_json(self._record) if paths.exists(self._record) else None
 
   def offer(self, step: int, loss: float, state, iterator_state, config,
             tokenizer_fingerprint: str) -> bool:
@@ -366,8 +362,7 @@ class BestCheckpoint:
     self._manager.wait_until_finished()
     self.best = {"step": int(step), "loss": float(loss)}
     if jax.process_index() == 0:
-      with open(self._record, "w", encoding="utf-8") as f:
-        json.dump(self.best, f)
+      paths.write_json(self._record, self.best)
     logging.info("New best held-out loss %.4f at step %d.", loss, step)
     return True
 

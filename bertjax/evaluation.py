@@ -10,8 +10,6 @@ masked positions, the floor a model must clearly beat.
 from __future__ import annotations
 
 import functools
-import json
-import os
 from typing import Any
 
 import jax
@@ -19,6 +17,7 @@ import jax.numpy as jnp
 
 from bertjax import metrics as metrics_lib
 from bertjax import objectives
+from bertjax import paths
 from bertjax import sharding
 from bertjax.data import pipeline
 
@@ -86,10 +85,9 @@ def evaluate_params(config, params, prepared, mesh, model, objective, *,
 
 def write_record(workdir: str, record: dict[str, Any]) -> str:
   """Writes ``record`` to ``workdir/eval_<step>.json`` (process 0 only)."""
-  path = os.path.join(workdir, f"eval_{record['step']}.json")
+  path = paths.join(workdir, f"eval_{record['step']}.json")
   if jax.process_index() == 0:
-    with open(path, "w", encoding="utf-8") as f:
-      json.dump(record, f, indent=1)
+    paths.write_json(path, record, indent=1)
   return path
 
 
@@ -105,7 +103,7 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None) -> dict[s
   from bertjax.data import prepare
 
   config_validation.validate(config)
-  workdir = os.path.abspath(workdir)
+  workdir = paths.absolute(workdir)
   checkpointer = checkpointing.Checkpointer(workdir, read_only=True)
   steps = checkpointer.all_steps()
   if not steps:

@@ -6,12 +6,12 @@ summed on device across steps and divided only when written.
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any, Mapping
 
 import jax
 import numpy as np
+
+from bertjax import paths
 
 
 def add(a, b):
@@ -36,12 +36,18 @@ class MetricWriter:
     self._active = jax.process_index() == 0
     self._jsonl = None
     self._tb = None
+    self._tb_remote = None
     if self._active:
-      os.makedirs(workdir, exist_ok=True)
-      self._jsonl = open(os.path.join(workdir, filename), "a", encoding="utf-8")
+      paths.makedirs(workdir)
+      self._jsonl = paths.JsonLines(paths.join(workdir, filename))
+      tb_dir = paths.join(workdir, "tensorboard")
+      if paths.is_remote(tb_dir):
+        # Event files are written locally and uploaded whole after each flush
+        # through the path layer (an object cannot be appended to).
+        self._tb_remote, tb_dir = tb_dir, paths.local_mirror(tb_dir)
       try:
         from tensorboardX import SummaryWriter
-        self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+        self._tb = SummaryWriter(tb_dir)
       except ImportError:  # TensorBoard files are optional; JSON lines are not.
         self._tb = None
 
@@ -54,15 +60,20 @@ class MetricWriter:
     record = {"step": int(step)}
     record.update({prefix + k: float(v) for k, v in scalars.items()})
     record.update(extra or {})
-    self._jsonl.write(json.dumps(record) + "\n")
-    self._jsonl.flush()
+    self._jsonl.write(record)
     if self._tb is not None:
       for k, v in scalars.items():
         self._tb.add_scalar(prefix + k, float(v), int(step))
       self._tb.flush()
+      if self._tb_remote:
+        paths.push(self._tb.logdir, self._tb_remote)
 
   def close(self) -> None:
     if self._jsonl is not None:
       self._jsonl.close()
     if self._tb is not None:
       self._tb.close()
+      if self._tb_remote:
+        paths.push(self._tb.logdir, self._tb_remote)
+    # Dropped now, not at exit: a gs:// event writer uploads again when freed.
+    self._jsonl = self._tb = None

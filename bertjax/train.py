@@ -33,6 +33,7 @@ from bertjax import objectives
 from bertjax import optim
 from bertjax import sharding
 from bertjax import state as state_lib
+from bertjax import paths
 from bertjax import workdir_lock
 from bertjax.data import pipeline
 from bertjax.data import prepare
@@ -266,7 +267,7 @@ def train_and_evaluate(config, workdir: str, *,
   try:
     config_validation.validate(config)
     compat.allowed(config)  # a misspelt allow_changes fails before anything
-    workdir = os.path.abspath(workdir)
+    workdir = paths.absolute(workdir)
     newest = checkpointing.newest_saved_config(workdir)
     if newest is not None:  # read-only: a refusal leaves the workdir as it was
       newest_step, saved, where = newest

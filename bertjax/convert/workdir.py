@@ -40,6 +40,7 @@ from absl import logging
 from etils import epath
 
 from bertjax import convert
+from bertjax import paths
 from bertjax.convert import core
 from bertjax.convert import hf_files
 from bertjax.convert import hf_tokenizers
@@ -126,7 +127,7 @@ def _float32():
 
 def _absolute(path: str) -> epath.Path:
   """``path`` as an epath; a local one made absolute (it is recorded in the config)."""
-  return epath.Path(path if "://" in str(path) else os.path.abspath(path))
+  return paths.path(path)
 
 
 @contextlib.contextmanager
@@ -255,7 +256,7 @@ def load_params(workdir: str, step: int | None = None) -> tuple[dict[str, Any], 
       lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device),
       core.param_shapes(core.build_model(config)))
   manager = ocp.CheckpointManager(
-      os.path.join(os.path.abspath(workdir), "checkpoints"),
+      paths.join(workdir, "checkpoints"),
       options=ocp.CheckpointManagerOptions(read_only=True),
       item_names=("state", "data", "config"))
   item = {"params": shapes}
@@ -274,16 +275,14 @@ def _bertjax_tokenizer_files(config: dict[str, Any], workdir: str, out_dir: str)
   AlbertTokenizer with casing and accents kept, which splits text the way
   sentencepiece itself does; the special tokens keep their names and ids.
   """
-  import glob
-  import shutil
   from bertjax import batch as batch_lib
-  data_dir = config.get("data_dir") or os.path.join(workdir, "data")
-  models = sorted(glob.glob(os.path.join(data_dir, "tokenizers", "*.model")))
+  data_dir = config.get("data_dir") or paths.join(workdir, "data")
+  models = sorted(paths.path(data_dir).glob("tokenizers/*.model"))
   if not models:
     logging.warning("No tokenizer under %s/tokenizers; exported the weights only.",
                     data_dir)
     return []
-  shutil.copyfile(models[0], os.path.join(out_dir, "spiece.model"))
+  models[0].copy(paths.path(out_dir) / "spiece.model", overwrite=True)
   pad, unk, cls, sep, mask = batch_lib.SPECIAL_TOKENS
   specials = dict(pad_token=pad, unk_token=unk, cls_token=cls, sep_token=sep,
                   mask_token=mask, bos_token=cls, eos_token=sep)
@@ -327,7 +326,7 @@ def export_hf(workdir: str, out_dir: str, step: int | None = None,
     {'step': the exported step, 'tokenizer_files': names written}.
   """
   from bertjax import batch as batch_lib
-  workdir = os.path.abspath(workdir)
+  workdir = paths.absolute(workdir)
   config, params, step = load_params(workdir, step)
   dims = core.model_dims(config)
   if model_type:

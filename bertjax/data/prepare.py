@@ -48,6 +48,7 @@ from array_record.python import array_record_data_source
 import numpy as np
 import tensorflow_datasets as tfds
 
+from bertjax import paths
 from bertjax.data import builders
 from bertjax.data import knowledge
 from bertjax.data import shards
@@ -117,7 +118,7 @@ class PreparedData:
 
 def resolve_data_dir(config, workdir: str) -> str:
   """``config.data_dir`` if set, else ``<workdir>/data``."""
-  return config.get("data_dir") or os.path.join(workdir, "data")
+  return paths.absolute(config.get("data_dir") or paths.join(workdir, "data"))
 
 
 def _check_tokenizer(config, tok, path: str) -> None:
@@ -339,9 +340,37 @@ def prepare(config, data_dir: str, *, beam_runner: str = "",
            if config.get("knowledge_spans", False) else None)
   engine = engine_of(config, beam_runner, beam_options)
   try:
+    if paths.is_remote(data_dir):
+      return _prepare_mirrored(config, data_dir, spans, engine)
     return _prepare(config, data_dir, spans, engine)
   finally:
     workers.shutdown()
+
+
+def _prepare_mirrored(config, data_dir: str, spans,
+                      engine: text_sources.Engine) -> PreparedData:
+  """``_prepare`` for a remote (gs://) data_dir, through a local mirror.
+
+  ArrayRecord reads and writes local files only (bertjax/paths.py), so the
+  remote data_dir is copied to a local mirror (what it lacks only), prepared
+  there (reusing whatever the remote already held), and what was made is
+  uploaded back by process 0, markers last, so that a cut-short upload is
+  never taken for a dataset. The shards are then read from the mirror.
+  """
+  import jax  # only here: Beam workers import this module without devices
+  remote = paths.absolute(data_dir)
+  local = paths.local_mirror(remote)
+  start = time.time()
+  fetched = paths.pull(remote, local)
+  logging.info("Mirrored %s to %s (%d files fetched, %.1f s).", remote, local,
+               fetched, time.time() - start)
+  prepared = _prepare(config, local, spans, engine)
+  if jax.process_index() == 0:
+    start = time.time()
+    sent = paths.push(local, remote)
+    logging.info("Uploaded %d prepared files to %s (%.1f s).", sent, remote,
+                 time.time() - start)
+  return prepared
 
 
 def _prepare(config, data_dir: str, spans, engine: text_sources.Engine) -> PreparedData:

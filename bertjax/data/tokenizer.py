@@ -22,6 +22,7 @@ import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
 
 from bertjax import batch as batch_lib
+from bertjax import paths
 
 # config.tokenizer -> sentencepiece model type. Every tokenizer bertjax trains
 # falls back to UTF-8 bytes (256 '<0x..>' pieces) for characters outside its
@@ -44,7 +45,7 @@ _TOO_LOW = re.compile(r"Vocabulary size is smaller than required_chars\. (\d+) v
 def file_fingerprint(path: str) -> str:
   """sha256 hex digest of a file's bytes."""
   digest = hashlib.sha256()
-  with open(path, "rb") as f:
+  with paths.path(path).open("rb") as f:
     for chunk in iter(lambda: f.read(1 << 20), b""):
       digest.update(chunk)
   return digest.hexdigest()
@@ -52,8 +53,7 @@ def file_fingerprint(path: str) -> str:
 
 def _model_proto(path: str) -> sentencepiece_model_pb2.ModelProto:
   proto = sentencepiece_model_pb2.ModelProto()
-  with open(path, "rb") as f:
-    proto.ParseFromString(f.read())
+  proto.ParseFromString(paths.path(path).read_bytes())
   return proto
 
 
@@ -89,15 +89,18 @@ class Tokenizer:
   """
 
   def __init__(self, model_path: str):
-    if not os.path.exists(model_path):
+    if not paths.exists(model_path):
       raise ValueError(
           f"Tokenizer model {model_path} does not exist; run `python -m "
           f"bertjax.prepare` with the same --config to train it.")
     self.path = model_path
-    self._sp = spm.SentencePieceProcessor(model_file=model_path)
+    model = paths.path(model_path).read_bytes()  # local or gs://
+    self._sp = spm.SentencePieceProcessor(model_proto=model)
     self.vocab_size = self._sp.get_piece_size()
-    self.fingerprint = file_fingerprint(model_path)
-    self.byte_fallback = _model_proto(model_path).trainer_spec.byte_fallback
+    self.fingerprint = hashlib.sha256(model).hexdigest()
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(model)
+    self.byte_fallback = proto.trainer_spec.byte_fallback
     for want, piece in enumerate(batch_lib.SPECIAL_TOKENS):
       if self._sp.id_to_piece(want) != piece:
         raise ValueError(

@@ -1,0 +1,185 @@
+"""The one path layer: every workdir and data_dir path goes through here.
+
+Paths are ``etils.epath`` paths, so a ``gs://bucket/...`` workdir or data_dir
+works wherever a local one does. What differs between a local disk and an
+object store is decided here and nowhere else:
+
+* ``absolute`` makes a local path absolute and leaves a URL alone (joining
+  ``gs://...`` onto the current directory would write under ``./gs:``).
+* ``write_text`` is atomic on both: a temporary file renamed into place
+  locally; a single object upload (which GCS makes visible whole) remotely.
+* ``JsonLines`` appends rows. An object cannot be appended to, so on a
+  remote path the rows written so far are kept and the object is rewritten
+  whole on each flush (gcsfs's ``'a'`` mode silently overwrites).
+* ArrayRecord, the shard format, reads and writes local files only in its
+  open-source build (its Riegeli file layer has no GCS backend), so a remote
+  data_dir is mirrored: ``local_mirror`` names the local copy, ``pull``
+  fetches what the remote holds, and ``push`` uploads what was prepared,
+  markers last (bertjax/data/prepare.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Iterator
+
+from etils import epath
+
+# Written last by ``push`` and checked first by readers: a dataset is only
+# trusted once these exist, so a push cut short is never taken for data.
+_MARKERS = ("dataset_info.json", "features.json", "bertjax_shards.json")
+_SKIP_DIRS = (".staging",)
+
+
+def is_remote(path: str | os.PathLike) -> bool:
+  """True for a URL such as ``gs://bucket/dir`` (anything with ``://``)."""
+  return "://" in os.fspath(path)
+
+
+def absolute(path: str | os.PathLike) -> str:
+  """A local path made absolute (``~`` expanded); a URL unchanged."""
+  path = os.fspath(path)
+  if is_remote(path):
+    return path.rstrip("/")
+  return os.path.abspath(os.path.expanduser(path))
+
+
+def path(p: str | os.PathLike) -> epath.Path:
+  """``absolute(p)`` as an ``epath.Path``."""
+  return epath.Path(absolute(p))
+
+
+def join(base: str | os.PathLike, *parts: str) -> str:
+  """``base/part/...`` as a string, for local paths and URLs alike."""
+  return os.fspath(path(base).joinpath(*parts))
+
+
+def exists(p: str | os.PathLike) -> bool:
+  return path(p).exists()
+
+
+def isdir(p: str | os.PathLike) -> bool:
+  return path(p).is_dir()
+
+
+def read_text(p: str | os.PathLike) -> str:
+  return path(p).read_text(encoding="utf-8")
+
+
+def read_json(p: str | os.PathLike):
+  return json.loads(read_text(p))
+
+
+def makedirs(p: str | os.PathLike) -> None:
+  """Creates a local directory; a no-op on an object store, which has none."""
+  path(p).mkdir(parents=True, exist_ok=True)
+
+
+def write_text(p: str | os.PathLike, text: str) -> None:
+  """Writes ``text`` so that a reader sees the old content or the new, whole."""
+  target = path(p)
+  if is_remote(target):
+    target.write_text(text, encoding="utf-8")
+    return
+  target.parent.mkdir(parents=True, exist_ok=True)
+  tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
+  tmp.write_text(text, encoding="utf-8")
+  os.replace(tmp, target)
+
+
+def write_json(p: str | os.PathLike, obj, *, indent: int | None = None) -> None:
+  write_text(p, json.dumps(obj, indent=indent))
+
+
+class JsonLines:
+  """Appends JSON rows to one file; on an object store, rewrites it whole."""
+
+  def __init__(self, p: str | os.PathLike):
+    self.path = path(p)
+    self._remote = is_remote(self.path)
+    if self._remote:
+      self._text = self.path.read_text(encoding="utf-8") if self.path.exists() else ""
+      self._file = None
+    else:
+      self.path.parent.mkdir(parents=True, exist_ok=True)
+      self._file = open(self.path, "a", encoding="utf-8")
+
+  def write(self, row) -> None:
+    line = json.dumps(row) + "\n"
+    if self._remote:
+      self._text += line
+      self.path.write_text(self._text, encoding="utf-8")
+    else:
+      self._file.write(line)
+      self._file.flush()
+
+  def close(self) -> None:
+    if self._file is not None:
+      self._file.close()
+      self._file = None
+
+
+def walk_files(root: str | os.PathLike) -> Iterator[tuple[str, int]]:
+  """Yields ``(relative path, size)`` for every file under ``root``, sorted.
+
+  Works on object stores, where ``**`` globs are refused; skips staging
+  directories, which hold unfinished work.
+  """
+  root = path(root)
+  if not root.exists():
+    return
+  stack = [root]
+  found = []
+  while stack:
+    directory = stack.pop()
+    for child in directory.iterdir():
+      if child.is_dir():
+        if child.name not in _SKIP_DIRS:
+          stack.append(child)
+      else:
+        found.append((os.fspath(child.relative_to(root)), child.stat().length))
+  yield from sorted(found)
+
+
+def _copy_tree(src: str, dst: str) -> int:
+  """Copies files of ``src`` missing in ``dst`` (or of another size); markers
+  last. Returns the number of files copied."""
+  have = dict(walk_files(dst))
+  todo = [(rel, size) for rel, size in walk_files(src) if have.get(rel) != size]
+  todo.sort(key=lambda item: (os.path.basename(item[0]) in _MARKERS, item[0]))
+  for rel, _ in todo:
+    target = path(dst) / rel
+    if not is_remote(target):
+      target.parent.mkdir(parents=True, exist_ok=True)
+      tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
+      (path(src) / rel).copy(tmp, overwrite=True)
+      os.replace(tmp, target)
+    else:
+      (path(src) / rel).copy(target, overwrite=True)
+  return len(todo)
+
+
+def cache_root() -> str:
+  """Where remote data is mirrored: ``$BERTJAX_CACHE_DIR`` or ``~/.cache/bertjax``."""
+  return absolute(os.environ.get("BERTJAX_CACHE_DIR") or "~/.cache/bertjax")
+
+
+def local_mirror(remote: str | os.PathLike) -> str:
+  """The local directory that mirrors the remote directory ``remote``."""
+  remote = absolute(remote)
+  scheme, rest = remote.split("://", 1)
+  digest = hashlib.sha256(remote.encode()).hexdigest()[:12]
+  safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in rest)[-80:]
+  return os.path.join(cache_root(), "mirror", f"{scheme}-{safe}-{digest}")
+
+
+def pull(remote: str | os.PathLike, local: str | os.PathLike) -> int:
+  """Copies into ``local`` every file of ``remote`` it lacks; returns the count."""
+  return _copy_tree(absolute(remote), absolute(local))
+
+
+def push(local: str | os.PathLike, remote: str | os.PathLike) -> int:
+  """Uploads every file of ``local`` that ``remote`` lacks, markers last."""
+  return _copy_tree(absolute(local), absolute(remote))
