@@ -340,7 +340,9 @@ def prepare(config, data_dir: str, *, beam_runner: str = "",
            if config.get("knowledge_spans", False) else None)
   engine = engine_of(config, beam_runner, beam_options)
   try:
-    if paths.is_remote(data_dir):
+    # On Beam every worker writes to the data_dir itself (staged.py uploads
+    # each finished shard), so only local engines go through a mirror.
+    if paths.is_remote(data_dir) and not engine.beam_runner:
       return _prepare_mirrored(config, data_dir, spans, engine)
     return _prepare(config, data_dir, spans, engine)
   finally:
