@@ -31,6 +31,8 @@ from etils import epath
 # trusted once these exist, so a push cut short is never taken for data.
 _MARKERS = ("dataset_info.json", "features.json", "bertjax_shards.json")
 _SKIP_DIRS = (".staging",)
+# Files smaller than this are copied even when the sizes agree.
+_ALWAYS_COPY_BELOW = 1 << 16
 
 
 def is_remote(path: str | os.PathLike) -> bool:
@@ -46,9 +48,9 @@ def absolute(path: str | os.PathLike) -> str:
   return os.path.abspath(os.path.expanduser(path))
 
 
-def path(p: str | os.PathLike) -> epath.Path:
-  """``absolute(p)`` as an ``epath.Path``."""
-  return epath.Path(absolute(p))
+def path(p: str | os.PathLike, *parts: str) -> epath.Path:
+  """``absolute(p)`` (joined with ``parts``) as an ``epath.Path``."""
+  return epath.Path(absolute(p)).joinpath(*parts)
 
 
 def join(base: str | os.PathLike, *parts: str) -> str:
@@ -86,6 +88,18 @@ def write_text(p: str | os.PathLike, text: str) -> None:
   target.parent.mkdir(parents=True, exist_ok=True)
   tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
   tmp.write_text(text, encoding="utf-8")
+  os.replace(tmp, target)
+
+
+def write_bytes(p: str | os.PathLike, data: bytes) -> None:
+  """Writes ``data`` so that a reader sees the old content or the new, whole."""
+  target = path(p)
+  if is_remote(target):
+    target.write_bytes(data)
+    return
+  target.parent.mkdir(parents=True, exist_ok=True)
+  tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
+  tmp.write_bytes(data)
   os.replace(tmp, target)
 
 
@@ -144,10 +158,12 @@ def walk_files(root: str | os.PathLike) -> Iterator[tuple[str, int]]:
 
 
 def _copy_tree(src: str, dst: str) -> int:
-  """Copies files of ``src`` missing in ``dst`` (or of another size); markers
-  last. Returns the number of files copied."""
+  """Copies files of ``src`` missing in ``dst`` or of another size, and every
+  small file (records and markers may change at the same size); markers last.
+  Returns the number of files copied."""
   have = dict(walk_files(dst))
-  todo = [(rel, size) for rel, size in walk_files(src) if have.get(rel) != size]
+  todo = [(rel, size) for rel, size in walk_files(src)
+          if have.get(rel) != size or size < _ALWAYS_COPY_BELOW]
   todo.sort(key=lambda item: (os.path.basename(item[0]) in _MARKERS, item[0]))
   for rel, _ in todo:
     target = path(dst) / rel
@@ -173,6 +189,23 @@ def local_mirror(remote: str | os.PathLike) -> str:
   digest = hashlib.sha256(remote.encode()).hexdigest()[:12]
   safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in rest)[-80:]
   return os.path.join(cache_root(), "mirror", f"{scheme}-{safe}-{digest}")
+
+
+def fetched(p: str | os.PathLike) -> str:
+  """A local path with the content of ``p``: ``p`` itself when local, else its
+  mirror, refreshed (a file or a directory), for libraries that read only
+  local files (tokenizers, torch, ArrayRecord)."""
+  if not is_remote(p):
+    return absolute(p)
+  remote = absolute(p)
+  local = local_mirror(remote)
+  if path(remote).is_dir():
+    pull(remote, local)
+  else:
+    os.makedirs(os.path.dirname(local), exist_ok=True)
+    path(remote).copy(local + f".tmp-{os.getpid()}", overwrite=True)
+    os.replace(local + f".tmp-{os.getpid()}", local)
+  return local
 
 
 def pull(remote: str | os.PathLike, local: str | os.PathLike) -> int:

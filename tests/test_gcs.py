@@ -111,3 +111,13 @@ def test_gs_workdir_and_data_dir_prepare_train_kill_resume_evaluate(
   local_model = api.load(ref_dir)
   text = ["Lists are mutable sequences.", "A tuple cannot be changed."]
   np.testing.assert_array_equal(model.embed(text), local_model.embed(text))
+
+  # Hugging Face export into the bucket, and loading it back from there,
+  # give what the same export on local disk gives.
+  from bertjax.convert import workdir as workdir_lib
+  exported = workdir_lib.export_hf(workdir, f"{bucket}/hf")
+  assert workdir_lib.export_hf(ref_dir, str(tmp_path / "hf")) == exported
+  assert {n for n in gcs.object_names() if n.startswith("hf/")} >= {
+      "hf/config.json", "hf/model.safetensors", "hf/spiece.model"}
+  np.testing.assert_array_equal(api.load(f"{bucket}/hf").embed(text),
+                                api.load(str(tmp_path / "hf")).embed(text))

@@ -17,13 +17,13 @@ RobertaForMaskedLM or AlbertForPreTraining:
 """
 
 import json
-import os
 
 from absl import app
 from absl import flags
 
 from bertjax import cli
 from bertjax import config_files
+from bertjax import paths
 
 _FROM_HF = flags.DEFINE_string("from_hf", None, "HF model directory to import.")
 _TO_HF = flags.DEFINE_string("to_hf", None, "Directory to write the HF model into.")
@@ -65,10 +65,10 @@ def main(argv):
   if report.unused:
     print(f"note: ignored {len(report.unused)} tensors with no place in bertjax: "
           f"{', '.join(report.unused[:8])}")
-  print(json.dumps({"imported": _FROM_HF.value, "workdir": os.path.abspath(_WORKDIR.value),
+  print(json.dumps({"imported": _FROM_HF.value, "workdir": paths.absolute(_WORKDIR.value),
                     "model_size": report.config.model_size,
                     "initialised_heads": report.initialised,
-                    "continue_with": f"--config=configs/hf.py:{os.path.abspath(_WORKDIR.value)}"}),
+                    "continue_with": f"--config=configs/hf.py:{paths.absolute(_WORKDIR.value)}"}),
         flush=True)
 
 

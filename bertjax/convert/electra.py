@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from bertjax import paths
 from bertjax.convert import bert as bert_mapping
 from bertjax.convert import rules as R
 from bertjax.models import electra as electra_model
@@ -189,10 +190,9 @@ def build_model(config: Mapping[str, Any], dtype: Any) -> electra_model.ElectraF
 def read_companion(hf_dir: str) -> tuple[dict[str, Any] | None, dict[str, Any]]:
   """(config.json, tensors with ``GENERATOR_PREFIX`` names) of the generator
   in ``<hf_dir>/generator``, or (None, {}) when there is none."""
-  import os
   from bertjax.convert import hf_files
-  gen_dir = os.path.join(hf_dir, GENERATOR_DIR)
-  if not os.path.isdir(gen_dir):
+  gen_dir = paths.join(hf_dir, GENERATOR_DIR)
+  if not paths.isdir(gen_dir):
     return None, {}
   tensors = hf_files.read_tensors(gen_dir)
   return hf_files.read_config(gen_dir), {GENERATOR_PREFIX + k: v for k, v in tensors.items()}

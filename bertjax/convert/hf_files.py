@@ -4,17 +4,18 @@ Weights are read from ``model.safetensors`` (or its sharded index) with the
 ``safetensors`` package's numpy API, which needs no torch. A legacy
 ``pytorch_model.bin`` is read only through ``torch.load(weights_only=True)``,
 which refuses arbitrary pickled objects; torch is then required (the ``hf``
-extra). Writing is always safetensors.
+extra). Writing is always safetensors. Directories may be local or gs://
+(bertjax/paths.py); safetensors files are read and written as bytes.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from typing import Any, Mapping
 
 import numpy as np
+
+from bertjax import paths
 
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -27,18 +28,17 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 def read_config(hf_dir: str) -> dict[str, Any]:
   """config.json of an HF model directory."""
-  path = os.path.join(hf_dir, "config.json")
-  if not os.path.isfile(path):
+  path = paths.join(hf_dir, "config.json")
+  if not paths.exists(path):
     raise ValueError(
         f"{hf_dir} has no config.json; pass --from_hf a Hugging Face model "
         "directory (as written by save_pretrained).")
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
+  return paths.read_json(path)
 
 
 def _safetensors(path: str) -> dict[str, np.ndarray]:
-  from safetensors.numpy import load_file
-  return load_file(path)
+  from safetensors.numpy import load
+  return load(paths.path(path).read_bytes())
 
 
 def _torch_bin(path: str) -> dict[str, np.ndarray]:
@@ -48,26 +48,25 @@ def _torch_bin(path: str) -> dict[str, np.ndarray]:
     raise ValueError(
         f"{path} is a PyTorch pickle, which needs torch to read; install the hf "
         "extra (pip install -e '.[hf]') or convert it to model.safetensors.") from None
-  state = torch.load(path, map_location="cpu", weights_only=True)
+  state = torch.load(paths.fetched(path), map_location="cpu", weights_only=True)
   return {k: v.float().numpy() if v.is_floating_point() else v.numpy()
           for k, v in state.items()}
 
 
 def read_tensors(hf_dir: str) -> dict[str, np.ndarray]:
   """Every tensor of an HF model directory, by state-dict name (numpy)."""
-  single = os.path.join(hf_dir, SAFETENSORS)
-  if os.path.isfile(single):
+  single = paths.join(hf_dir, SAFETENSORS)
+  if paths.exists(single):
     return _safetensors(single)
-  index = os.path.join(hf_dir, SAFETENSORS_INDEX)
-  if os.path.isfile(index):
-    with open(index, encoding="utf-8") as f:
-      shards = sorted(set(json.load(f)["weight_map"].values()))
+  index = paths.join(hf_dir, SAFETENSORS_INDEX)
+  if paths.exists(index):
+    shards = sorted(set(paths.read_json(index)["weight_map"].values()))
     out = {}
     for shard in shards:
-      out.update(_safetensors(os.path.join(hf_dir, shard)))
+      out.update(_safetensors(paths.join(hf_dir, shard)))
     return out
-  legacy = os.path.join(hf_dir, TORCH_BIN)
-  if os.path.isfile(legacy):
+  legacy = paths.join(hf_dir, TORCH_BIN)
+  if paths.exists(legacy):
     return _torch_bin(legacy)
   raise ValueError(
       f"{hf_dir} has no {SAFETENSORS} or {TORCH_BIN}; pass --from_hf the "
@@ -81,27 +80,28 @@ def read_tensor_file(path: str) -> dict[str, np.ndarray]:
 
 def write_tensors(path: str, tensors: Mapping[str, np.ndarray]) -> None:
   """Writes numpy tensors to one safetensors file."""
-  from safetensors.numpy import save_file
-  save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, path)
+  from safetensors.numpy import save
+  paths.write_bytes(path, save({k: np.ascontiguousarray(v) for k, v in tensors.items()}))
 
 
 def write(out_dir: str, config: Mapping[str, Any], tensors: Mapping[str, np.ndarray]) -> None:
   """Writes config.json and model.safetensors (metadata format 'pt', as
   transformers expects) into ``out_dir``."""
-  from safetensors.numpy import save_file
-  os.makedirs(out_dir, exist_ok=True)
-  with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as f:
-    json.dump(dict(config), f, indent=2, sort_keys=True)
-  save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()},
-            os.path.join(out_dir, SAFETENSORS), metadata={"format": "pt"})
+  from safetensors.numpy import save
+  paths.makedirs(out_dir)
+  paths.write_text(paths.join(out_dir, "config.json"),
+                   json.dumps(dict(config), indent=2, sort_keys=True))
+  paths.write_bytes(paths.join(out_dir, SAFETENSORS),
+                    save({k: np.ascontiguousarray(v) for k, v in tensors.items()},
+                         metadata={"format": "pt"}))
 
 
 def copy_tokenizer_files(src: str, dst: str) -> list[str]:
   """Copies the tokenizer files ``src`` has into ``dst``; returns their names."""
-  os.makedirs(dst, exist_ok=True)
+  paths.makedirs(dst)
   copied = []
   for name in TOKENIZER_FILES:
-    if os.path.isfile(os.path.join(src, name)):
-      shutil.copyfile(os.path.join(src, name), os.path.join(dst, name))
+    if paths.exists(paths.join(src, name)):
+      paths.path(src, name).copy(paths.path(dst, name), overwrite=True)
       copied.append(name)
   return copied

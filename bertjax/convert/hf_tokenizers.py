@@ -33,6 +33,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from bertjax import batch as batch_lib
+from bertjax import paths
 from bertjax.convert import hf_files
 from bertjax.convert import rules as R
 
@@ -46,10 +47,7 @@ _CONTINUATION_PREFIX = {"WordPiece": "##"}
 
 
 def _read_json(path: str) -> dict[str, Any]:
-  if not os.path.isfile(path):
-    return {}
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
+  return paths.read_json(path) if paths.exists(path) else {}
 
 
 def special_tokens(directory: str, defaults: Sequence[str]) -> list[str]:
@@ -60,7 +58,7 @@ def special_tokens(directory: str, defaults: Sequence[str]) -> list[str]:
   """
   found = {}
   for name in ("tokenizer_config.json", "special_tokens_map.json"):
-    for key, value in _read_json(os.path.join(directory, name)).items():
+    for key, value in _read_json(paths.join(directory, name)).items():
       if key in _SPECIAL_KEYS and value:
         found[key] = value["content"] if isinstance(value, dict) else value
   return [found.get(k, d) for k, d in zip(_SPECIAL_KEYS, defaults)]
@@ -195,18 +193,17 @@ def fingerprint(directory: str) -> str:
   """sha256 over the names and bytes of a directory's tokenizer files."""
   digest = hashlib.sha256()
   for name in sorted(hf_files.TOKENIZER_FILES + (META_FILE,)):
-    full = os.path.join(directory, name)
-    if os.path.isfile(full):
+    full = paths.join(directory, name)
+    if paths.exists(full):
       digest.update(name.encode())
-      with open(full, "rb") as f:
-        digest.update(f.read())
+      digest.update(paths.path(full).read_bytes())
   return digest.hexdigest()
 
 
 def write_meta(directory: str, specials: Sequence[str], vocab_size: int) -> None:
   """Records the special tokens and the model's vocab size next to the files."""
-  with open(os.path.join(directory, META_FILE), "w", encoding="utf-8") as f:
-    json.dump({"special_tokens": list(specials), "vocab_size": int(vocab_size)}, f)
+  paths.write_text(paths.join(directory, META_FILE), json.dumps(
+      {"special_tokens": list(specials), "vocab_size": int(vocab_size)}))
 
 
 class HfTokenizer:
@@ -222,10 +219,12 @@ class HfTokenizer:
 
   def __init__(self, directory: str, *, special: Sequence[str] | None = None,
                vocab_size: int | None = None):
-    meta = _read_json(os.path.join(directory, META_FILE))
+    self.path = directory
+    # The tokenizers library reads local files: a gs:// directory is mirrored.
+    directory = paths.fetched(directory)
+    meta = _read_json(paths.join(directory, META_FILE))
     special = list(special or meta.get("special_tokens") or
                    special_tokens(directory, batch_lib.SPECIAL_TOKENS))
-    self.path = directory
     self._tok, self._kind = _backend(directory, special)
     vocab = self._tok.get_vocab()
     # Checked before adding them below, which would otherwise invent them.

@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import uuid
 from typing import Any, Iterator
 
@@ -286,13 +285,11 @@ def _bertjax_tokenizer_files(config: dict[str, Any], workdir: str, out_dir: str)
   pad, unk, cls, sep, mask = batch_lib.SPECIAL_TOKENS
   specials = dict(pad_token=pad, unk_token=unk, cls_token=cls, sep_token=sep,
                   mask_token=mask, bos_token=cls, eos_token=sep)
-  with open(os.path.join(out_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-    json.dump(dict(tokenizer_class="AlbertTokenizer", do_lower_case=False,
-                   keep_accents=True, remove_space=True,
-                   model_max_length=int(config["max_position_embeddings"]),
-                   **specials), f, indent=2)
-  with open(os.path.join(out_dir, "special_tokens_map.json"), "w", encoding="utf-8") as f:
-    json.dump(specials, f, indent=2)
+  paths.write_json(paths.join(out_dir, "tokenizer_config.json"), dict(
+      tokenizer_class="AlbertTokenizer", do_lower_case=False, keep_accents=True,
+      remove_space=True, model_max_length=int(config["max_position_embeddings"]),
+      **specials), indent=2)
+  paths.write_json(paths.join(out_dir, "special_tokens_map.json"), specials, indent=2)
   return ["spiece.model", "tokenizer_config.json", "special_tokens_map.json"]
 
 
@@ -300,7 +297,7 @@ def _kept_tensors(config: dict[str, Any]) -> dict[str, np.ndarray]:
   path = config.get("hf_kept_tensors")
   if not path:
     return {}
-  if not os.path.isfile(path):
+  if not paths.exists(path):
     logging.warning("%s is gone; the HF rows it kept are exported as zeros.", path)
     return {}
   return hf_files.read_tensor_file(path)
@@ -345,9 +342,9 @@ def export_hf(workdir: str, out_dir: str, step: int | None = None,
     tensors, companions = mapping.split_companion(dims, pad_id, tensors)
   hf_files.write(out_dir, mapping.hf_config(dims, pad_id), tensors)
   for subdir, (companion_config, companion) in companions.items():
-    hf_files.write(os.path.join(out_dir, subdir), companion_config, companion)
+    hf_files.write(paths.join(out_dir, subdir), companion_config, companion)
   tok_path = config.get("tokenizer_path")
-  if config.get("tokenizer") == "hf" and tok_path and os.path.isdir(tok_path):
+  if config.get("tokenizer") == "hf" and tok_path and paths.isdir(tok_path):
     files = hf_files.copy_tokenizer_files(tok_path, out_dir)
   else:
     files = _bertjax_tokenizer_files(config, workdir, out_dir)
