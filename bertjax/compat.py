@@ -63,10 +63,12 @@ _STREAM_FIELDS = (
     # masking and the sentence/span objectives' corruption
     "masking", "mask_rate", "max_predictions_per_seq", "mask_token_rate",
     "random_token_rate", "dupe_factor", "whole_word_masking", "nsp_negative_rate",
-    "sop_swap_rate", "max_ngram", "max_span_length", "sbo_max_offset",
+    "sop_swap_rate", "max_ngram", "ngram_probs", "max_span_length", "sbo_max_offset",
     "span_geometric_p", "knowledge_spans", "attend_across_documents",
     "ernie_level_rates", "ernie_max_phrase_words", "ernie_phrase_min_count",
     "ernie_phrase_min_pmi", "ernie_entity_min_count", "ernie_gazetteer",
+    # UniLM's mix of attention masks (configs/unilm.py)
+    "unilm_mask_rates",
     # ELECTRA's sampling and loss weight (configs/electra.py)
     "generator_temperature", "disc_loss_weight",
     # numerics and the optimizer's schedule
@@ -103,7 +105,7 @@ FIELDS: dict[str, str] = {
 DEFAULTS: dict[str, Any] = {
     "optimizer": "adamw", "scan_layers": False, "sentence_head": True,
     "hidden_act": "gelu", "layer_norm_eps": 1e-12, "pair_chunking": "bert",
-    "max_ngram": 1, "knowledge_spans": False, "attend_across_documents": False,
+    "max_ngram": 1, "ngram_probs": [], "knowledge_spans": False, "attend_across_documents": False,
     "initializer_range": 0.02, "microbatches": 1, "remat": "none",
     "allow_changes": "", "restart_from_scratch": False, "single_segment": False,
 }

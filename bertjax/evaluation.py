@@ -25,18 +25,25 @@ from bertjax.data import pipeline
 def eval_step(params, batch, rng, *, model, objective, vocab_size: int):
   """Scores one batch without dropout; masks come from the fixed eval key.
 
+  The batch is scored once per view of the objective
+  (``objectives.base.eval_views``; one for most objectives, UniLM's four
+  attention masks) and the metrics and counts of the views add up.
+
   Returns:
     (metrics as {name: (sum, count)}, target-id counts float32 [vocab_size]).
   """
-  inputs, targets = objective.corrupt(rng, batch, jnp.zeros((), jnp.int32))
   apply = objectives.base.bind(model, params, deterministic=True)
-  outputs = objectives.base.forward(objective, apply, inputs, targets)
-  _, metrics = objective.loss(outputs, targets)
-  metrics = dict(metrics)
+  metrics = None
+  counts = jnp.zeros((vocab_size,), jnp.float32)
+  for view in objectives.base.eval_views(objective):
+    inputs, targets = view.corrupt(rng, batch, jnp.zeros((), jnp.int32))
+    outputs = objectives.base.forward(view, apply, inputs, targets)
+    _, view_metrics = view.loss(outputs, targets)
+    metrics = metrics_lib.add(metrics, dict(view_metrics))
+    counts = counts.at[targets["mlm_targets"].reshape(-1)].add(
+        targets["mlm_weights"].reshape(-1))
   real = batch["doc_ids"] > 0
   metrics["num_tokens"] = (jnp.sum(real).astype(jnp.float32), jnp.float32(1.0))
-  counts = jnp.zeros((vocab_size,), jnp.float32).at[
-      targets["mlm_targets"].reshape(-1)].add(targets["mlm_weights"].reshape(-1))
   return metrics, counts
 
 

@@ -3,6 +3,8 @@
 Inputs (a dict; see ``bertjax/objectives/base.py``):
   tokens, segment_ids, positions, doc_ids   int32 [batch, length]
   masked_positions                          int32 [batch, predictions]
+  attention_mask (optional)                 bool [batch, length, length]
+      an objective's own mask (UniLM), combined with the documents' mask
 
 Outputs (a dict):
   mlm_logits  float32 [batch, predictions, vocab]  only at masked_positions
@@ -210,7 +212,7 @@ class BertForPretraining(nn.Module):
     """
     x = self.embeddings(inputs["tokens"], inputs["segment_ids"],
                         inputs["positions"], deterministic)
-    mask = layers.doc_attention_mask(inputs["doc_ids"])
+    mask = layers.combine_masks(inputs["doc_ids"], inputs.get("attention_mask"))
     hidden = self.encoder(x, mask, deterministic)
     outputs = dict(
         mlm_logits=self.mlm_logits(hidden, inputs["masked_positions"]),

@@ -116,6 +116,30 @@ def doc_attention_mask(doc_ids: jax.Array) -> jax.Array:
   return (same_doc & real_key)[:, None, :, :]
 
 
+def combine_masks(doc_ids: jax.Array,
+                  attention_mask: jax.Array | None = None) -> jax.Array:
+  """``doc_attention_mask`` narrowed by an objective's own mask, if any.
+
+  Objectives that train through attention (UniLM's unified masks) pass a
+  per-example mask as the model input ``attention_mask``; documents still
+  never see each other, whatever that mask says.
+
+  Args:
+    doc_ids: int32 [batch, length].
+    attention_mask: None, or bool [batch, length, length] or
+      [batch, 1 or heads, length, length]: True where query may attend to key.
+
+  Returns:
+    bool [batch, 1 or heads, length, length].
+  """
+  mask = doc_attention_mask(doc_ids)
+  if attention_mask is None:
+    return mask
+  if attention_mask.ndim == 3:
+    attention_mask = attention_mask[:, None, :, :]
+  return mask & attention_mask.astype(bool)
+
+
 class MultiHeadAttention(nn.Module):
   """Self-attention with learned projections and a boolean mask.
 

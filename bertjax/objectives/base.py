@@ -17,6 +17,9 @@ Model inputs (a dict) always hold:
   masked_positions  int32 [B, P]  positions whose MLM logits are wanted
                                   (P = config.max_predictions_per_seq; unused
                                   slots point at 0 and have weight 0)
+and may hold
+  attention_mask    bool [B, L, L]  an objective's own attention mask (UniLM),
+                                  which the model ANDs with the doc_ids mask
 Model outputs (a dict) hold at least:
   mlm_logits  float32 [B, P, V]
   nsp_logits  float32 [B, 2]   (sentence-level head: NSP now, SOP later)
@@ -109,3 +112,15 @@ def forward(objective: Any, apply: Apply, inputs: Mapping[str, jax.Array],
   if custom is None:
     return apply(inputs)
   return custom(apply, inputs, targets)
+
+
+def eval_views(objective: Any) -> tuple[Any, ...]:
+  """The objectives evaluation scores every held-out batch with.
+
+  ``objective.eval_views()`` where the objective defines it (UniLM: itself
+  under each of its four attention masks, so per-mask figures are
+  deterministic and over the same examples; their metrics add up); otherwise
+  the objective alone.
+  """
+  views = getattr(objective, "eval_views", None)
+  return (objective,) if views is None else tuple(views())

@@ -13,6 +13,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from bertjax import batch as batch_lib
 from bertjax.objectives import masking
@@ -34,6 +35,8 @@ class MlmSettings:
     max_ngram: above 1, choose n-grams of n <= max_ngram units (tokens, or
       words with ``whole_word``), P(n) ∝ 1/n, as ALBERT does
       (``masking.choose_spans``); 1 = single units.
+    ngram_probs: empty for the 1/n law, else P(n) for n = 1..max_ngram
+      written out (UniLM: 0.8, 0.1, 0.1).
   """
   vocab_size: int
   mask_rate: float
@@ -42,6 +45,13 @@ class MlmSettings:
   random_token_rate: float
   whole_word: bool
   max_ngram: int = 1
+  ngram_probs: tuple[float, ...] = ()
+
+  def span_length_probs(self) -> np.ndarray:
+    """float64 [max_ngram]: P(n) at n - 1, the law ``choose_spans`` draws from."""
+    if self.ngram_probs:
+      return np.asarray(self.ngram_probs, np.float64)
+    return masking.ngram_length_probs(self.max_ngram)
 
   @classmethod
   def from_config(cls, config: Any) -> "MlmSettings":
@@ -54,8 +64,16 @@ class MlmSettings:
         random_token_rate=float(config.random_token_rate),
         whole_word=bool(config.whole_word_masking),
         # Configs written before n-gram masking existed mean single units.
-        max_ngram=int(config.get("max_ngram", 1)))
+        max_ngram=int(config.get("max_ngram", 1)),
+        ngram_probs=tuple(float(p) for p in config.get("ngram_probs", ())))
     masking.ngram_length_probs(settings.max_ngram)  # checks max_ngram >= 1
+    probs = settings.ngram_probs
+    if probs and (len(probs) != settings.max_ngram or min(probs) < 0
+                  or abs(sum(probs) - 1.0) > 1e-6):
+      raise ValueError(
+          f"ngram_probs={probs} must hold max_ngram={settings.max_ngram} "
+          f"non-negative probabilities summing to 1 (P(n) for n = 1, 2, ...); "
+          f"fix --config.ngram_probs or --config.max_ngram.")
     if settings.vocab_size <= batch_lib.NUM_SPECIAL_TOKENS:
       raise ValueError(
           f"vocab_size={settings.vocab_size} leaves no ordinary tokens after "
@@ -108,7 +126,7 @@ def mask_batch(keys: jax.Array, tokens: jax.Array, special: jax.Array,
       positions, weights = masking.choose_spans(
           choose_key, row_candidates, row_starts, rate=settings.mask_rate,
           max_predictions=settings.max_predictions,
-          length_probs=masking.ngram_length_probs(settings.max_ngram),
+          length_probs=settings.span_length_probs(),
           whole_word=settings.whole_word)
     elif settings.whole_word:
       positions, weights = masking.choose_whole_words(

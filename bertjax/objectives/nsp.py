@@ -132,8 +132,8 @@ def choose_partners(rng: jax.Array, example_id: jax.Array,
 
 def make_negatives(
     decision_keys: jax.Array, partner_rng: jax.Array,
-    batch: Mapping[str, jax.Array],
-    negative_rate: float) -> tuple[dict[str, jax.Array], jax.Array]:
+    batch: Mapping[str, jax.Array], negative_rate: float,
+    eligible: jax.Array | None = None) -> tuple[dict[str, jax.Array], jax.Array]:
   """Turns a random ``negative_rate`` of the pairs into NSP negatives.
 
   Each real example independently becomes a negative with probability
@@ -146,6 +146,8 @@ def make_negatives(
     partner_rng: key of this step for the partner choice.
     batch: a Batch of the sentence-pair layout.
     negative_rate: probability of a negative, in [0, 1].
+    eligible: optional bool [B]; rows False here always stay positive (UniLM
+      scores NSP on its bidirectional rows only, and keeps the others' B).
 
   Returns:
     (the rebuilt Batch, nsp_labels int32 [B]: 1 = B is random, 0 = is next).
@@ -156,6 +158,8 @@ def make_negatives(
       partner_rng, batch["example_id"], batch["example_mask"],
       batch["b_lengths"])
   use = wants & has_partner & batch["example_mask"]
+  if eligible is not None:
+    use = use & eligible
   return pair_with_b_from(batch, partner, use), use.astype(jnp.int32)
 
 
