@@ -139,8 +139,9 @@ def hf_config(config: Mapping[str, Any], pad_token_id: int) -> dict[str, Any]:
       norm_rel_ebd=str(config.get("norm_rel_ebd", "layer_norm")),
       position_biased_input=bool(config.get("position_biased_input", False)),
       legacy=_legacy(config), pad_token_id=int(pad_token_id))
-  if not _legacy(config):  # else transformers ties the head's dense kernel
-    out["tie_word_embeddings"] = False
+  # The legacy decoder is the tied word table; the non-legacy head must stay
+  # untied, or transformers ties its dense kernel to the table.
+  out["tie_word_embeddings"] = _legacy(config)
   return out
 
 
