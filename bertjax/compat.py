@@ -53,6 +53,8 @@ _LAYOUT_FIELDS = (
     # ELECTRA's generator (configs/electra.py)
     "generator_hidden_fraction", "generator_num_layers", "generator_hidden_size",
     "generator_num_heads", "generator_mlp_dim",
+    # ELECTRA-style pretraining with DeBERTa encoders (configs/deberta_v3.py)
+    "encoder", "gdes",
     # What an import from Hugging Face records (bertjax/convert/workdir.py).
     "hf_special_ids", "hf_model_type", "hf_position_offset")
 _STREAM_FIELDS = (
@@ -108,6 +110,7 @@ DEFAULTS: dict[str, Any] = {
     "max_ngram": 1, "ngram_probs": [], "knowledge_spans": False, "attend_across_documents": False,
     "initializer_range": 0.02, "microbatches": 1, "remat": "none",
     "allow_changes": "", "restart_from_scratch": False, "single_segment": False,
+    "encoder": "bert", "gdes": False,
 }
 
 _ABSENT = "(absent)"

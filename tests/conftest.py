@@ -1,10 +1,22 @@
 """Test set-up: 8 fake CPU devices (before JAX is imported) and shared fixtures."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One compilation cache for the session: a test that builds the same step
+# again (a resumed run, a second mesh of the same shape) loads it instead of
+# recompiling. A fresh directory, so no test reads another session's entries.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  _jit_cache = tempfile.mkdtemp(prefix="bertjax-tests-jit-")
+  atexit.register(shutil.rmtree, _jit_cache, ignore_errors=True)
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = _jit_cache
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import pytest  # noqa: E402
 

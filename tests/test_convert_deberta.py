@@ -22,9 +22,9 @@ safetensors_numpy = pytest.importorskip("safetensors.numpy")
 # Three random models: odd head counts, log buckets on and off, a short
 # max_relative_positions that clips, each position term alone and both,
 # shared and own position projections, one layer (no stack before the last
-# layer), segment and absolute-position tables on and off. All use the legacy
-# MLM head (DebertaV2Config's default): transformers 4.x ties the non-legacy
-# head's dense kernel to the word embeddings, so it cannot hold a real model.
+# layer), segment and absolute-position tables on and off, the legacy MLM
+# head (DebertaV2Config's default) and the non-legacy one, which transformers
+# can run only untied (tie_word_embeddings=False).
 KINDS = {
     "v3": dict(hidden_size=30, num_attention_heads=3, num_hidden_layers=2,
                pos_att_type="p2c|c2p", share_att_key=True, position_buckets=8,
@@ -33,7 +33,8 @@ KINDS = {
     "c2p": dict(hidden_size=16, num_attention_heads=1, num_hidden_layers=3,
                 pos_att_type="c2p", share_att_key=False, position_buckets=-1,
                 max_relative_positions=6, norm_rel_ebd="none",
-                position_biased_input=True, type_vocab_size=2, legacy=True),
+                position_biased_input=True, type_vocab_size=2, legacy=False,
+                tie_word_embeddings=False),
     "p2c": dict(hidden_size=20, num_attention_heads=5, num_hidden_layers=1,
                 pos_att_type=["p2c"], share_att_key=False, position_buckets=6,
                 max_relative_positions=-1, norm_rel_ebd="layer_norm",
@@ -137,7 +138,8 @@ def test_import_and_export_are_bit_identical(hf_model, tmp_path):
   with open(os.path.join(out, "config.json")) as f:
     written = json.load(f)
   for field in ("position_buckets", "max_relative_positions", "share_att_key",
-                "position_biased_input", "legacy", "norm_rel_ebd"):
+                "position_biased_input", "legacy", "norm_rel_ebd",
+                "tie_word_embeddings"):
     assert written[field] == getattr(transformers.DebertaV2Config.from_pretrained(path), field), field
 
 
@@ -184,6 +186,7 @@ def test_unsupported_options_are_refused_and_leave_nothing(hf_model, tmp_path):
       ({"attention_head_size": 7}, "attention_head_size=7"),
       ({"hidden_act": "silu"}, "hidden_act"),
       ({"norm_rel_ebd": "rms"}, "norm_rel_ebd"),
+      ({"legacy": False}, "tie_word_embeddings=true"),
   ]):
     bad = tmp_path / f"hf{i}"
     bad.mkdir()

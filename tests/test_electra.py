@@ -226,10 +226,10 @@ def test_same_losses_on_one_device_and_on_a_2x2x2_mesh(small, demo_data):
                      for k in ("loss", "mlm_loss", "disc_loss", "replaced_fraction")])
       if name == "one":
         # The useful-FLOP count (generator included) against XLA's count of
-        # the compiled step, which adds softmax, GELU, LayerNorm, sampling
-        # and Adam: a little higher, never lower.
+        # the lowered step (no second compile), which adds softmax, GELU,
+        # LayerNorm, sampling and Adam: a little higher, never lower.
         cost = step_fn.lower(state, train.to_global(b, mesh),
-                             jax.random.key(0)).compile().cost_analysis()
+                             jax.random.key(0)).cost_analysis()
         cost = cost[0] if isinstance(cost, (list, tuple)) else cost
         ratio = cost["flops"] / flops.step_flops(small)
         assert 1.0 <= ratio < 1.5, ratio

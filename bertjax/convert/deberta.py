@@ -27,14 +27,17 @@ absolute attention), no position terms, the convolution of v2-xlarge/xxlarge
 (``conv_kernel_size``), an ``embedding_size`` or ``attention_head_size`` other
 than the hidden size's, and activations bertjax does not compute.
 The MLM head is transformers' legacy ``cls.predictions`` (DebertaV2Config's
-default) or, with ``legacy=False``, ``lm_predictions.lm_head``; the import
-records which (``hf_legacy_mlm_head``) and the export writes it back. Only
-the legacy head is tested: transformers 4.x ties the non-legacy head's dense
-kernel to the word embeddings, so no real model has that layout there. A
-config.json without ``legacy`` (the released microsoft/deberta-v3-* files,
-whose head is named lm_predictions) loads no MLM head in transformers; the
-import does the same (a fresh MLM head, reported, the lm_predictions tensors
-listed as unused).
+default) or, with ``legacy=False``, ``lm_predictions.lm_head`` (same
+computation, other names); the import records which (``hf_legacy_mlm_head``)
+and the export writes it back. The non-legacy layout exists in transformers
+only with ``tie_word_embeddings=False``: with the default True, transformers
+(4.57 checked) ties the head's H x H dense kernel to the V x H word table and
+the model cannot run, so such a config.json is refused; the export of a
+non-legacy head writes ``tie_word_embeddings: false``. Both layouts are
+tested (tests/test_convert_deberta.py). A config.json without ``legacy``
+(the released microsoft/deberta-v3-* files, whose head is named
+lm_predictions) loads no MLM head in transformers; the import does the same
+(a fresh MLM head, reported, the lm_predictions tensors listed as unused).
 """
 
 from __future__ import annotations
@@ -73,6 +76,11 @@ def _refuse_unsupported(hf_config: Mapping[str, Any]) -> None:
       (int(hf_config.get("conv_kernel_size", 0) or 0) > 0,
        f"conv_kernel_size={hf_config.get('conv_kernel_size')} (the convolution of "
        "v2-xlarge/xxlarge), which bertjax does not compute"),
+      (hf_config.get("legacy", True) is False
+       and hf_config.get("tie_word_embeddings", True) is not False,
+       "legacy=false with tie_word_embeddings=true, whose MLM head transformers "
+       "ties to the word table so that it cannot run; save it with "
+       "tie_word_embeddings=false"),
       (int(hf_config.get("embedding_size") or hidden) != hidden,
        f"embedding_size={hf_config.get('embedding_size')} != hidden_size={hidden} "
        "(an embedding projection), which bertjax's DeBERTa does not have"),
@@ -131,6 +139,9 @@ def hf_config(config: Mapping[str, Any], pad_token_id: int) -> dict[str, Any]:
       norm_rel_ebd=str(config.get("norm_rel_ebd", "layer_norm")),
       position_biased_input=bool(config.get("position_biased_input", False)),
       legacy=_legacy(config), pad_token_id=int(pad_token_id))
+  # The legacy decoder is the tied word table; the non-legacy head must stay
+  # untied, or transformers ties its dense kernel to the table.
+  out["tie_word_embeddings"] = _legacy(config)
   return out
 
 

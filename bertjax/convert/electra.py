@@ -29,6 +29,7 @@ from typing import Any, Mapping
 
 from bertjax import paths
 from bertjax.convert import bert as bert_mapping
+from bertjax.convert import deberta_v3
 from bertjax.convert import rules as R
 from bertjax.models import electra as electra_model
 from bertjax.models import layers
@@ -97,8 +98,15 @@ def model_fields(hf_config: Mapping[str, Any],
   return fields
 
 
+def _deberta_encoder(config: Mapping[str, Any]) -> bool:
+  """DeBERTa towers (configs/deberta_v3.py): exported by convert/deberta_v3.py."""
+  return config.get("encoder", "bert") == "deberta"
+
+
 def hf_config(config: Mapping[str, Any], pad_token_id: int) -> dict[str, Any]:
   """The HF config.json of the discriminator (explicit dimensions)."""
+  if _deberta_encoder(config):
+    return deberta_v3.hf_config(config, pad_token_id)
   out = {theirs: config[ours] for theirs, ours in _FIELDS.items()}
   numerics = layers.numerics(config)
   out.update(
@@ -152,7 +160,10 @@ def rules(config: Mapping[str, Any]) -> list[R.Rule]:
 
   The generator comes first: where its embedding copies and the
   discriminator's are both read, the discriminator's are set last and win.
+  DeBERTa towers: the discriminator as a DebertaV2Model (convert/deberta_v3.py).
   """
+  if _deberta_encoder(config):
+    return deberta_v3.rules(config)
   embedding_size = int(config["embedding_size"])
   g = GENERATOR_PREFIX
   out = _embeddings(g, "generator")
@@ -176,6 +187,7 @@ def rules(config: Mapping[str, Any]) -> list[R.Rule]:
 def build_model(config: Mapping[str, Any], dtype: Any) -> electra_model.ElectraForPretraining:
   """The bertjax module for explicit dimensions (num_layers, generator_*, ...)."""
   return electra_model.ElectraForPretraining(
+      **electra_model.encoder_fields(config),
       vocab_size=config["vocab_size"],
       max_position_embeddings=config["max_position_embeddings"],
       type_vocab_size=config["type_vocab_size"],
@@ -202,8 +214,16 @@ def split_companion(config: Mapping[str, Any], pad_token_id: int,
                     tensors: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
   """Takes the generator's tensors out of an exported state dict: returns
   (the discriminator's tensors, {subdirectory: (config.json, tensors)})."""
+  if _deberta_encoder(config):  # no generator companion: convert/deberta_v3.py
+    return dict(tensors), {}
   own = {k: v for k, v in tensors.items() if not k.startswith(GENERATOR_PREFIX)}
   gen = {k[len(GENERATOR_PREFIX):]: v for k, v in tensors.items()
          if k.startswith(GENERATOR_PREFIX)}
   # Like save_pretrained, leave out the tied decoder weight (the word table).
   return own, {GENERATOR_DIR: (generator_hf_config(config, pad_token_id), gen)}
+
+
+def fold_params(config: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
+  """The params an export reads: with DeBERTa towers and gradient-disentangled
+  sharing, the discriminator's word table folded (convert/deberta_v3.py)."""
+  return deberta_v3.fold_params(config, params) if _deberta_encoder(config) else dict(params)

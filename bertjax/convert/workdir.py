@@ -335,6 +335,8 @@ def export_hf(workdir: str, out_dir: str, step: int | None = None,
         f"{mapping.MODEL_TYPE!r}; pass --model_type for a {dims['model']} mapping.")
   special = config.get("hf_special_ids")
   pad_id = special[0] if special else batch_lib.PAD_ID
+  if hasattr(mapping, "fold_params"):  # e.g. DeBERTa-v3's embedding delta
+    params = mapping.fold_params(dims, params)
   tensors = core.params_to_hf(mapping, dims, params, core.vocab_order(config),
                               _kept_tensors(config))
   companions = {}

@@ -86,9 +86,17 @@ class BertEmbeddings(nn.Module):
     return layers.layer_norm(self.dtype, "layer_norm", self.layer_norm_eps)
 
   def __call__(self, tokens: jax.Array, segment_ids: jax.Array,
-               positions: jax.Array, deterministic: bool) -> jax.Array:
-    """Embeds int32 [batch, length] ids into [batch, length, embed] (dtype)."""
+               positions: jax.Array, deterministic: bool,
+               word_delta: jax.Array | None = None) -> jax.Array:
+    """Embeds int32 [batch, length] ids into [batch, length, embed] (dtype).
+
+    ``word_delta`` (float32 [vocab, width]), when given, is added to the word
+    table read through ``stop_gradient``: gradient-disentangled sharing
+    (DeBERTa-v3), where this caller's loss trains only the delta.
+    """
     x = self.word_embeddings(tokens)
+    if word_delta is not None:
+      x = jax.lax.stop_gradient(x) + jnp.take(word_delta, tokens, axis=0).astype(x.dtype)
     if self.add_positions:
       x = x + self.position_embeddings(positions)
     if self.type_vocab_size:

@@ -151,16 +151,9 @@ class DebertaForPretraining(nn.Module):
           bias_init=layers.zeros_init(None))
 
   def relative_context(self, length: int) -> dict[str, jax.Array]:
-    """What every layer's attention shares: the relative table rows a row of
-    ``length`` reads and the [length, length] distance index into them."""
-    if not self.position_terms:
-      return {}
-    span = disentangled.table_span(self.position_buckets, self.max_distance)
-    index, lo = disentangled.relative_index(
-        length, span, self.position_buckets, self.max_distance)
-    hi = lo + int(index.max()) + 1
-    return {"relative": self.relative(lo, hi),
-            "relative_index": jnp.asarray(index)}
+    """What every layer's attention shares (``relative_context``)."""
+    return relative_context(self.relative, length, self.position_terms,
+                            self.position_buckets, self.max_distance)
 
   def __call__(self, inputs: Mapping[str, jax.Array],
                deterministic: bool = True) -> dict[str, jax.Array]:
@@ -190,6 +183,100 @@ class DebertaForPretraining(nn.Module):
       outputs["pooled"] = jnp.tanh(self.pooler(hidden[:, 0]))
       outputs["nsp_logits"] = self.sop(outputs["pooled"])
     return outputs
+
+
+def relative_context(relative: nn.Module, length: int,
+                     terms: tuple[str, ...], buckets: int,
+                     max_distance: int) -> dict[str, jax.Array]:
+  """The relative table rows a row of ``length`` reads (``relative``: a bound
+  ``disentangled.RelativeEmbeddings``) and the [length, length] distance
+  index into them; {} without position terms."""
+  if not terms:
+    return {}
+  span = disentangled.table_span(buckets, max_distance)
+  index, lo = disentangled.relative_index(length, span, buckets, max_distance)
+  hi = lo + int(index.max()) + 1
+  return {"relative": relative(lo, hi), "relative_index": jnp.asarray(index)}
+
+
+class DisentangledStack(nn.Module):
+  """DeBERTa's encoder alone, for models that bring their own embeddings and
+  heads (ELECTRA-style pretraining with DeBERTa encoders, DeBERTa-v3):
+  the relative table shared by the layers, then the L blocks with
+  disentangled attention. Parameters are laid out as in
+  ``DebertaForPretraining`` (``relative``, ``encoder/layer_0..L-2``,
+  ``last_layer``), so that its Hugging Face rules apply under a prefix.
+
+  Attributes:
+    size: the sizes.Size of the stack.
+    max_position_embeddings, position_buckets, max_relative_positions,
+    position_terms, share_att_key, norm_rel_ebd, dropout_rate,
+    attention_dropout_rate, dtype, layer_norm_eps, activation, scan_layers,
+    remat: as ``DebertaForPretraining``.
+  """
+  size: sizes.Size
+  max_position_embeddings: int
+  position_buckets: int = 256
+  max_relative_positions: int = -1
+  position_terms: tuple[str, ...] = disentangled.POSITION_TERMS
+  share_att_key: bool = True
+  norm_rel_ebd: str = "layer_norm"
+  dropout_rate: float = 0.0
+  attention_dropout_rate: float = 0.0
+  dtype: Dtype = jnp.float32
+  layer_norm_eps: float = layers.LAYER_NORM_EPS
+  activation: str = "gelu"
+  scan_layers: bool = False
+  remat: str = "none"
+
+  @property
+  def max_distance(self) -> int:
+    if self.max_relative_positions > 0:
+      return self.max_relative_positions
+    return self.max_position_embeddings
+
+  def setup(self):
+    self.relative = disentangled.RelativeEmbeddings(
+        span=disentangled.table_span(self.position_buckets, self.max_distance),
+        hidden_size=self.size.hidden_size,
+        normalize=self.norm_rel_ebd == "layer_norm", dtype=self.dtype,
+        layer_norm_eps=self.layer_norm_eps)
+    attention = functools.partial(
+        disentangled.DisentangledAttention, position_terms=self.position_terms,
+        share_att_key=self.share_att_key,
+        position_dropout_rate=self.dropout_rate)
+    block = dict(num_heads=self.size.num_heads, mlp_dim=self.size.mlp_dim,
+                 dropout_rate=self.dropout_rate,
+                 attention_dropout_rate=self.attention_dropout_rate,
+                 dtype=self.dtype, attention_cls=attention,
+                 layer_norm_eps=self.layer_norm_eps, activation=self.activation)
+    if self.size.num_layers > 1:
+      self.encoder = layers.Encoder(num_layers=self.size.num_layers - 1,
+                                    scan_layers=self.scan_layers,
+                                    remat=self.remat, **block)
+    self.last_layer = layers.EncoderBlock(**block)
+
+  def __call__(self, x: jax.Array, mask: jax.Array,
+               deterministic: bool) -> jax.Array:
+    """[batch, length, H] embeddings -> [batch, length, H] (``dtype``)."""
+    context = relative_context(self.relative, x.shape[1], self.position_terms,
+                               self.position_buckets, self.max_distance)
+    if self.size.num_layers > 1:
+      x = self.encoder(x, mask, deterministic, context)
+    return self.last_layer(x, mask, deterministic, context)
+
+
+def stack_options(config: Any) -> tuple[tuple[str, Any], ...]:
+  """``DisentangledStack``'s attention fields of a config (ConfigDict or
+  mapping), as hashable (name, value) pairs; checks them first."""
+  check_fields(config)
+  get = config.get
+  return (("max_position_embeddings", int(config["max_position_embeddings"])),
+          ("position_buckets", int(get("position_buckets", 256))),
+          ("max_relative_positions", int(get("max_relative_positions", -1))),
+          ("position_terms", position_terms(get("pos_att_type", "p2c|c2p"))),
+          ("share_att_key", bool(get("share_att_key", True))),
+          ("norm_rel_ebd", str(get("norm_rel_ebd", "layer_norm"))))
 
 
 def position_terms(value: Any) -> tuple[str, ...]:

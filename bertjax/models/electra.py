@@ -43,10 +43,14 @@ import ml_collections
 
 from bertjax.models import albert
 from bertjax.models import bert
+from bertjax.models import deberta
 from bertjax.models import layers
 from bertjax.models import sizes
 
 Dtype = Any
+
+# The encoder stacks a tower can be built from (``encoder`` config field).
+ENCODERS = ("bert", "deberta")
 
 
 def generator_size(config: Any) -> sizes.Size:
@@ -89,9 +93,15 @@ class Tower(nn.Module):
     size: the encoder's sizes.Size.
     dropout_rate, attention_dropout_rate, dtype, layer_norm_eps, activation,
     scan_layers, remat: as in ``layers.Encoder``.
+    encoder_kind: one of ``ENCODERS``: BERT blocks (``layers.Encoder``) or
+      DeBERTa's (``deberta.DisentangledStack``).
+    stack_options: (name, value) pairs for the DeBERTa stack
+      (``deberta.stack_options``); empty for BERT.
   """
   embedding_size: int
   size: sizes.Size
+  encoder_kind: str = "bert"
+  stack_options: tuple[tuple[str, Any], ...] = ()
   dropout_rate: float = 0.0
   attention_dropout_rate: float = 0.0
   dtype: Dtype = jnp.float32
@@ -107,12 +117,22 @@ class Tower(nn.Module):
           self.size.hidden_size, dtype=self.dtype, param_dtype=jnp.float32,
           kernel_init=layers.kernel_init(None, "embed"),
           bias_init=layers.zeros_init("embed"))
-    self.encoder = layers.Encoder(
-        num_layers=self.size.num_layers, num_heads=self.size.num_heads,
-        mlp_dim=self.size.mlp_dim, dropout_rate=self.dropout_rate,
-        attention_dropout_rate=self.attention_dropout_rate, dtype=self.dtype,
-        layer_norm_eps=self.layer_norm_eps, activation=self.activation,
-        scan_layers=self.scan_layers, remat=self.remat)
+    self.encoder = self._stack()
+
+  def _stack(self) -> nn.Module:
+    """The encoder stack of ``encoder_kind``; both map [batch, length, H]
+    to [batch, length, H] given the attention mask."""
+    common = dict(dropout_rate=self.dropout_rate,
+                  attention_dropout_rate=self.attention_dropout_rate,
+                  dtype=self.dtype, layer_norm_eps=self.layer_norm_eps,
+                  activation=self.activation, scan_layers=self.scan_layers,
+                  remat=self.remat)
+    if self.encoder_kind == "deberta":
+      return deberta.DisentangledStack(size=self.size, **dict(self.stack_options),
+                                       **common)
+    return layers.Encoder(num_layers=self.size.num_layers,
+                          num_heads=self.size.num_heads,
+                          mlp_dim=self.size.mlp_dim, **common)
 
   def __call__(self, embedded: jax.Array, mask: jax.Array,
                deterministic: bool) -> jax.Array:
@@ -177,6 +197,13 @@ class ElectraForPretraining(nn.Module):
     dropout_rate, attention_dropout_rate: as in BERT.
     dtype: compute dtype (parameters are always float32).
     layer_norm_eps, activation, scan_layers, remat: as in BERT.
+    encoder: one of ``ENCODERS`` for both towers; stack_options as ``Tower``.
+    add_positions: add the absolute position table to the shared embeddings
+      (BERT's encoder; DeBERTa's has relative positions only).
+    gdes: gradient-disentangled embedding sharing (DeBERTa-v3): the
+      discriminator reads stop_gradient(word table) + a delta table
+      (``discriminator_word_delta`` [V, E], zeros at init), so that its loss
+      trains the delta and never the generator's table.
   """
   vocab_size: int
   max_position_embeddings: int
@@ -191,6 +218,10 @@ class ElectraForPretraining(nn.Module):
   activation: str = "gelu"
   scan_layers: bool = False
   remat: str = "none"
+  encoder: str = "bert"
+  stack_options: tuple[tuple[str, Any], ...] = ()
+  add_positions: bool = True
+  gdes: bool = False
 
   def setup(self):
     # Dropout lives in each tower (see the module docstring), not here.
@@ -198,8 +229,15 @@ class ElectraForPretraining(nn.Module):
         vocab_size=self.vocab_size, hidden_size=self.embedding_size,
         max_position_embeddings=self.max_position_embeddings,
         type_vocab_size=self.type_vocab_size, dropout_rate=0.0,
-        dtype=self.dtype, layer_norm_eps=self.layer_norm_eps)
+        dtype=self.dtype, layer_norm_eps=self.layer_norm_eps,
+        add_positions=self.add_positions)
+    if self.gdes:
+      self.word_delta = self.param(
+          "discriminator_word_delta",
+          nn.with_logical_partitioning(nn.initializers.zeros, ("vocab", "embed")),
+          (self.vocab_size, self.embedding_size), jnp.float32)
     tower = dict(embedding_size=self.embedding_size,
+                 encoder_kind=self.encoder, stack_options=self.stack_options,
                  dropout_rate=self.dropout_rate,
                  attention_dropout_rate=self.attention_dropout_rate,
                  dtype=self.dtype, layer_norm_eps=self.layer_norm_eps,
@@ -211,9 +249,12 @@ class ElectraForPretraining(nn.Module):
     self.discriminator_tower = Discriminator(size=self.discriminator,
                                              name="discriminator", **tower)
 
-  def _embed(self, inputs: Mapping[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
+  def _embed(self, inputs: Mapping[str, jax.Array],
+             word_delta: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     x = self.embeddings(inputs["tokens"], inputs["segment_ids"],
-                        inputs["positions"], True)
+                        inputs["positions"], True, word_delta=word_delta)
+    if self.encoder == "deberta":  # padding rows are zeros, as in DeBERTa
+      x = x * (inputs["doc_ids"] != 0)[..., None].astype(x.dtype)
     return x, layers.doc_attention_mask(inputs["doc_ids"])
 
   def __call__(self, inputs: Mapping[str, jax.Array],
@@ -224,7 +265,7 @@ class ElectraForPretraining(nn.Module):
     ``init`` creates both networks."""
     if self.is_initializing():
       self.generate(inputs, deterministic)
-    x, mask = self._embed(inputs)
+    x, mask = self._embed(inputs, self.word_delta if self.gdes else None)
     hidden = self.discriminator_tower(x, mask, deterministic)
     return {"hidden": hidden,
             "rtd_logits": self.discriminator_tower.logits(hidden)}
@@ -265,6 +306,7 @@ def from_config(config: ml_collections.ConfigDict,
         f"{config.max_position_embeddings}; lower --config.seq_len or raise "
         f"--config.max_position_embeddings.")
   return ElectraForPretraining(
+      **encoder_fields(config),
       vocab_size=config.vocab_size,
       max_position_embeddings=config.max_position_embeddings,
       type_vocab_size=config.type_vocab_size,
@@ -277,3 +319,26 @@ def from_config(config: ml_collections.ConfigDict,
       scan_layers=bool(config.get("scan_layers", False)),
       remat=str(config.get("remat", "none")),
       **layers.numerics(config))
+
+
+def encoder_fields(config: Any) -> dict[str, Any]:
+  """ElectraForPretraining's encoder attributes of a config (ConfigDict or
+  mapping): ``encoder``, DeBERTa's ``stack_options``, ``add_positions`` and
+  ``gdes``.
+
+  Raises:
+    ValueError: for an unknown encoder, GDES with BERT encoders, or a DeBERTa
+      field out of range (``deberta.check_fields``).
+  """
+  kind = str(config.get("encoder", "bert"))
+  if kind not in ENCODERS:
+    raise ValueError(f"encoder={kind!r} is not one of {', '.join(ENCODERS)}; "
+                     "fix --config.encoder.")
+  gdes = bool(config.get("gdes", False))
+  deberta_kind = kind == "deberta"
+  return dict(
+      encoder=kind,
+      stack_options=deberta.stack_options(config) if deberta_kind else (),
+      add_positions=(bool(config.get("position_biased_input", False))
+                     if deberta_kind else True),
+      gdes=gdes)

@@ -8,7 +8,8 @@ In one jitted step (Clark et al., 2020):
 2. ``forward`` runs the generator on that input (``model.generate``); a
    replacement for every chosen position is drawn from the generator's
    softmax with the Gumbel-max trick, ``argmax(logits / T + g)``, g ~
-   Gumbel(0, 1), at temperature T (``generator_temperature``). The logits
+   Gumbel(0, 1), at temperature T (``generator_temperature``), over the
+   whole vocabulary but [PAD], [CLS], [SEP] and [MASK]. The logits
    pass through ``stop_gradient`` first: the discriminator's loss never
    reaches the generator through the samples (argmax has no gradient either;
    the stop makes the intent explicit and survives a soft relaxation).
@@ -33,12 +34,19 @@ from typing import Any, Callable, Mapping
 import jax
 import jax.numpy as jnp
 
+from bertjax import batch as batch_lib
 from bertjax.objectives import masking
 from bertjax.objectives import mlm
 from bertjax.objectives import mlm_only
 
 # fold_in constant separating the sampling keys from the masking keys.
 _SAMPLE_STREAM = 0xE1EC
+
+# Ids the generator may never put in the text: they are never an MLM target,
+# and a sampled [SEP] or [PAD] would be a replacement a discriminator spots
+# without reading the context. [UNK] stays: it is a token of the text.
+_NEVER_SAMPLED = (batch_lib.PAD_ID, batch_lib.CLS_ID, batch_lib.SEP_ID,
+                  batch_lib.MASK_ID)
 
 
 def gumbel_max_sample(key: jax.Array, logits: jax.Array,
@@ -56,6 +64,12 @@ def gumbel_max_sample(key: jax.Array, logits: jax.Array,
   noise = jax.random.gumbel(key, logits.shape, jnp.float32)
   return jnp.argmax(logits.astype(jnp.float32) / temperature + noise,
                     axis=-1).astype(jnp.int32)
+
+
+def sampling_logits(logits: jax.Array) -> jax.Array:
+  """float32 ``logits`` [..., V] with the never-sampled ids at -inf."""
+  never = jnp.zeros(logits.shape[-1], bool).at[jnp.array(_NEVER_SAMPLED)].set(True)
+  return jnp.where(never, -jnp.inf, logits.astype(jnp.float32))
 
 
 def replace_at(tokens: jax.Array, positions: jax.Array, weights: jax.Array,
@@ -134,7 +148,7 @@ class ElectraObjective(mlm_only.MlmOnlyObjective):
       targets: the targets of ``corrupt``.
     """
     generated = apply(inputs, method="generate")
-    logits = jax.lax.stop_gradient(generated["mlm_logits"])
+    logits = sampling_logits(jax.lax.stop_gradient(generated["mlm_logits"]))
     keys = jax.random.wrap_key_data(targets["sample_keys"])
     sampled = jax.vmap(
         lambda k, row: gumbel_max_sample(k, row, self.temperature))(keys, logits)
@@ -176,7 +190,11 @@ def rtd_loss(logits: jax.Array, labels: jax.Array,
     (scalar float32 loss, metrics): disc_loss and disc_accuracy over the
     scored tokens; disc_precision and disc_recall of "replaced";
     replaced_fraction; disc_all_original_accuracy, the accuracy of always
-    answering "original", the floor the discriminator must beat.
+    answering "original", the floor the discriminator must beat; disc_auc,
+    threshold-free: the fraction of (replaced, original) pairs of scored
+    tokens of the batch that the logits rank the right way round (ties
+    counted half), as (right pairs, pairs), so that sums over batches give
+    the AUC over all within-batch pairs.
   """
   logits = logits.astype(jnp.float32)
   y = labels.astype(jnp.float32)
@@ -193,5 +211,35 @@ def rtd_loss(logits: jax.Array, labels: jax.Array,
       "disc_recall": (true_positive, jnp.sum(y * w)),
       "replaced_fraction": (jnp.sum(y * w), count),
       "disc_all_original_accuracy": (jnp.sum((1.0 - y) * w), count),
+      "disc_auc": ranked_pairs(logits, y, w),
   }
   return metrics["disc_loss"][0] / jnp.maximum(count, 1.0), metrics
+
+
+def ranked_pairs(scores: jax.Array, labels: jax.Array,
+                 weights: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(pairs ranked right, pairs) over all (positive, negative) pairs.
+
+  The Mann-Whitney count behind the AUC, by one sort: a positive outranks
+  every negative sorted below it; equal scores count half.
+
+  Args:
+    scores: float [...]; labels: float [...] 1 = positive; weights: float
+      [...] 1 on the scored entries, 0 elsewhere.
+
+  Returns:
+    float32 scalars (right, total); right / total is the AUC.
+  """
+  s = scores.reshape(-1).astype(jnp.float32)
+  pos = (labels.reshape(-1) * weights.reshape(-1)).astype(jnp.float32)
+  neg = ((1.0 - labels.reshape(-1)) * weights.reshape(-1)).astype(jnp.float32)
+  order = jnp.argsort(s)
+  s, pos, neg = s[order], pos[order], neg[order]
+  # Negatives strictly below each entry, and those tied with it.
+  first = jnp.searchsorted(s, s, side="left")
+  last = jnp.searchsorted(s, s, side="right")
+  cum = jnp.concatenate([jnp.zeros(1, jnp.float32), jnp.cumsum(neg)])
+  strictly_below = cum[first]
+  tied = cum[last] - cum[first]
+  right = jnp.sum(pos * (strictly_below + 0.5 * tied))
+  return right, jnp.sum(pos) * jnp.sum(neg)

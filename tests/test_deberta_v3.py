@@ -1,0 +1,172 @@
+"""DeBERTa-v3 (configs/deberta_v3.py): ELECTRA's step with DeBERTa encoders."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+from flax import traverse_util
+
+from bertjax import config_files
+from bertjax import models
+from bertjax import objectives
+from bertjax import state as state_lib
+from bertjax import train
+from bertjax.convert import core
+from bertjax.convert import workdir as convert_workdir
+from bertjax.data import pipeline
+from bertjax.objectives import base
+import variant_steps
+
+v3_config = config_files.shipped("deberta_v3")  # configs/deberta_v3.py
+
+
+def shapes(params):
+  flat = traverse_util.flatten_dict(nn.meta.unbox(params), sep="/")
+  return {k: tuple(v.shape) for k, v in flat.items()}
+
+
+def deberta_layers(prefix, num_layers, hidden, heads, mlp):
+  """Golden shapes of a DeBERTa stack of ``num_layers`` (share_att_key: no
+  position projections): the first L-1 in ``encoder``, the last apart."""
+  want = {}
+  for name, shape in variant_steps.encoder_layer_shapes(
+      num_layers, hidden, heads, mlp).items():
+    last = f"encoder/layer_{num_layers - 1}/"
+    name = name.replace(last, "last_layer/")
+    want[f"{prefix}/{name}"] = shape
+  return want
+
+
+def test_tiny_golden_parameter_shapes():
+  config = v3_config.get_config("tiny")
+  assert (config.model, config.objective, config.encoder) == (
+      "electra", "electra", "deberta")
+  assert config.gdes and config.generator_temperature == 1.0
+  V, H, F, S = 8000, 128, 512, 32
+  want = {
+      # Shared word table, its LayerNorm; no absolute positions, no segments.
+      "embeddings/word_embeddings/embedding": (V, H),
+      "embeddings/layer_norm/scale": (H,),
+      "embeddings/layer_norm/bias": (H,),
+      # GDES: the discriminator's own delta over the shared table.
+      "discriminator_word_delta": (V, H),
+      "generator/mlm_head/dense/kernel": (H, H),
+      "generator/mlm_head/dense/bias": (H,),
+      "generator/mlm_head/layer_norm/scale": (H,),
+      "generator/mlm_head/layer_norm/bias": (H,),
+      "generator/mlm_head/output_bias": (V,),
+      "discriminator/head_dense/kernel": (H, H),
+      "discriminator/head_dense/bias": (H,),
+      "discriminator/head_prediction/kernel": (H, 1),
+      "discriminator/head_prediction/bias": (1,),
+  }
+  for tower in ("generator", "discriminator"):
+    want[f"{tower}/encoder/relative/embedding"] = (2 * S, H)
+    want[f"{tower}/encoder/relative/layer_norm/scale"] = (H,)
+    want[f"{tower}/encoder/relative/layer_norm/bias"] = (H,)
+  # The discriminator has 2 layers, the generator half: 1, same width.
+  want.update(deberta_layers("discriminator/encoder", 2, H, 2, F))
+  want.update(deberta_layers("generator/encoder", 1, H, 2, F))
+  model = models.get_model(config)
+  params = jax.eval_shape(lambda r: model.init(
+      {"params": r}, state_lib.dummy_inputs(config), deterministic=True),
+      jax.random.key(0))["params"]
+  assert shapes(params) == want
+
+
+@pytest.fixture(scope="module")
+def trained(demo_data, tmp_path_factory):
+  """(config, workdir) of the tiny config trained 8 steps on short rows: the
+  real loop, which every test below reads instead of compiling its own step."""
+  c = v3_config.get_config("tiny")
+  c.data_dir = demo_data.data_dir
+  c.batch_size, c.seq_len, c.max_predictions_per_seq = 8, 32, 5
+  c.shuffle_window = 32
+  c.num_train_steps, c.warmup_steps = 8, 1
+  c.log_every_steps, c.checkpoint_every_steps = 1, 8
+  c.eval_every_steps, c.eval_max_batches = 0, 1
+  workdir = str(tmp_path_factory.mktemp("deberta_v3"))
+  record = train.train_and_evaluate(c, workdir)
+  assert np.isfinite(record["disc_auc"]) and np.isfinite(record["mlm_accuracy"])
+  return c, workdir
+
+
+def test_training_lowers_a_finite_loss(trained):
+  _, workdir = trained
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    losses = {r["step"]: r["loss"] for r in map(json.loads, f) if "loss" in r}
+  assert sorted(losses) == list(range(1, 9))
+  assert np.all(np.isfinite(list(losses.values())))
+  # MLM + 50 x RTD starts near ln(8000) + 50 ln 2 = 43.6 and falls by a
+  # third within a few steps as the discriminator finds the base rate.
+  assert losses[8] < 0.8 * losses[1], losses
+
+
+def test_gdes_splits_the_gradients(trained, demo_data):
+  config, workdir = trained
+  saved, params, _ = convert_workdir.load_params(workdir)
+  model = core.build_model(saved)
+  objective = objectives.get_objective(config)
+  it = pipeline.make_train_iterator(config, demo_data.source("train"),
+                                    local_batch_size=config.batch_size)
+  batch = {k: jnp.asarray(v) for k, v in next(it).items()}
+  inputs, targets = objective.corrupt(jax.random.key(0), batch, jnp.int32(0))
+
+  def term(name, p):
+    out = base.forward(objective, base.bind(model, p, deterministic=True),
+                       inputs, targets)
+    metrics = objective.loss(out, targets)[1]
+    return metrics[name][0] / metrics[name][1]
+
+  disc, gen = jax.jit(lambda p: (jax.grad(lambda q: term("disc_loss", q))(p),
+                                 jax.grad(lambda q: term("mlm_loss", q))(p)))(params)
+  table = lambda g: float(jnp.abs(g["embeddings"]["word_embeddings"]["embedding"]).max())
+  delta = lambda g: float(jnp.abs(g["discriminator_word_delta"]).max())
+  # The discriminator trains its delta, never the shared table; the
+  # generator trains the table, never the delta.
+  assert table(disc) == 0.0 and delta(disc) > 0.0
+  assert table(gen) > 0.0 and delta(gen) == 0.0
+
+
+def test_discriminator_exports_as_a_debertav2model(trained, tmp_path):
+  transformers = pytest.importorskip("transformers")
+  torch = pytest.importorskip("torch")
+  config, workdir = trained
+  out = str(tmp_path / "hf")
+  convert_workdir.export_hf(workdir, out)
+  hf, info = transformers.DebertaV2Model.from_pretrained(
+      out, output_loading_info=True)
+  assert not info["missing_keys"] and not info["unexpected_keys"], info
+  hf.eval()
+  # The discriminator's hidden states, bertjax against transformers, on two
+  # rows, one with padding.
+  saved, params, _ = convert_workdir.load_params(workdir)
+  model = core.build_model(saved)
+  rng = np.random.default_rng(0)
+  b, length = 2, 24
+  tokens = rng.integers(5, config.vocab_size, (b, length)).astype(np.int32)
+  valid = np.ones((b, length), bool)
+  valid[1, 17:] = False
+  tokens[~valid] = 0
+  inputs = {"tokens": jnp.asarray(tokens),
+            "segment_ids": jnp.zeros((b, length), jnp.int32),
+            "positions": jnp.broadcast_to(jnp.arange(length), (b, length)),
+            "doc_ids": jnp.asarray(valid.astype(np.int32))}
+  ours = np.asarray(model.apply({"params": params}, inputs)["hidden"])
+  with torch.no_grad():
+    theirs = hf(input_ids=torch.tensor(tokens, dtype=torch.long),
+                attention_mask=torch.tensor(valid.astype(np.int64))
+                ).last_hidden_state.numpy()
+  np.testing.assert_allclose(ours[valid], theirs[valid], rtol=1e-4, atol=1e-4)
+  # GDES is folded: the exported table is the shared table + the delta, and
+  # the delta has moved away from its zeros.
+  delta = np.asarray(params["discriminator_word_delta"])
+  assert np.abs(delta).max() > 0
+  np.testing.assert_allclose(
+      hf.embeddings.word_embeddings.weight.detach().numpy(),
+      np.asarray(params["embeddings"]["word_embeddings"]["embedding"]) + delta,
+      rtol=0, atol=1e-6)
