@@ -33,7 +33,9 @@ OPTIONAL_FIELDS = ("sentence_head", "embedding_size", "layer_sharing", "hf_model
                    "emd_layers", "hf_legacy_mlm_head",
                    # configs/electra.py's generator.
                    "generator_hidden_fraction", "generator_num_layers",
-                   "generator_hidden_size", "generator_num_heads", "generator_mlp_dim")
+                   "generator_hidden_size", "generator_num_heads", "generator_mlp_dim",
+                   # configs/xlnet.py's relative distance clamp and memory.
+                   "clamp_len", "mem_len")
 # Old TF-converted checkpoints name LayerNorm parameters gamma/beta.
 _LEGACY_SUFFIXES = {".gamma": ".weight", ".beta": ".bias"}
 
