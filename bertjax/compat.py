@@ -53,6 +53,8 @@ _LAYOUT_FIELDS = (
     # ELECTRA's generator (configs/electra.py)
     "generator_hidden_fraction", "generator_num_layers", "generator_hidden_size",
     "generator_num_heads", "generator_mlp_dim",
+    # XLNet's relative distance clamp (configs/xlnet.py)
+    "clamp_len",
     # What an import from Hugging Face records (bertjax/convert/workdir.py).
     "hf_special_ids", "hf_model_type", "hf_position_offset")
 _STREAM_FIELDS = (
@@ -69,6 +71,8 @@ _STREAM_FIELDS = (
     "ernie_phrase_min_pmi", "ernie_entity_min_count", "ernie_gazetteer",
     # ELECTRA's sampling and loss weight (configs/electra.py)
     "generator_temperature", "disc_loss_weight",
+    # XLNet's partial prediction and (not built) segment memory
+    "partial_prediction_k", "mem_len",
     # numerics and the optimizer's schedule
     "dropout_rate", "attention_dropout_rate", "dtype", "learning_rate",
     "warmup_steps", "adam_b1", "adam_b2", "adam_eps", "weight_decay",

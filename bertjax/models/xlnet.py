@@ -100,6 +100,28 @@ def relative_index(query_positions: jax.Array, length: int) -> jax.Array:
   return (length - 1) - query_positions[:, :, None] + keys[None, None, :]
 
 
+def stream_masks(doc_ids: jax.Array,
+                 perm_visible: jax.Array | None) -> tuple[jax.Array, jax.Array | None]:
+  """Which keys each stream's queries may read.
+
+  Args:
+    doc_ids: int32 [batch, length]; 0 on padding.
+    perm_visible: bool [batch, length, length] or None; True where token j
+      precedes token i in the factorization order.
+
+  Returns:
+    (content bool [batch, length, length]: same document, a real key, and
+    with an order, j before i or j == i; query bool [batch, length, length]
+    or None: same document, real key, j before i).
+  """
+  visible = layers.doc_attention_mask(doc_ids)[:, 0]
+  if perm_visible is None:
+    return visible, None
+  query = visible & perm_visible
+  itself = visible & jnp.eye(doc_ids.shape[1], dtype=bool)[None]
+  return query | itself, query
+
+
 class TwoStreamAttention(nn.Module):
   """XLNet's relative multi-head attention, for one or both streams.
 
@@ -298,17 +320,16 @@ class XLNetForPretraining(nn.Module):
     tokens = inputs["tokens"]
     length = tokens.shape[1]
     h = self.dropout(self.word_embeddings(tokens), deterministic)
-    visible = layers.doc_attention_mask(inputs["doc_ids"])[:, 0]
+    # A no-op unless a 'perturbations' collection is passed: the gradient
+    # with respect to the embedded input (the tests' leakage check).
+    h = self.perturb("embedded", h)
+    content, earlier = stream_masks(inputs["doc_ids"], inputs.get("perm_visible"))
     context = dict(
         table=self.dropout(relative_table(length, self.hidden_size,
                                           self.clamp_len), deterministic),
-        segment_ids=inputs["segment_ids"], content_mask=visible)
+        segment_ids=inputs["segment_ids"], content_mask=content)
     g = None
     two_stream = "perm_visible" in inputs and "masked_positions" in inputs
-    if "perm_visible" in inputs:
-      earlier = visible & inputs["perm_visible"]
-      context["content_mask"] = earlier | (
-          visible & jnp.eye(length, dtype=bool)[None])
     if two_stream:
       slots = inputs["masked_positions"]
       context["query_positions"] = slots

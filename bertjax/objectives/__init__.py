@@ -16,6 +16,7 @@ from bertjax.objectives import electra
 from bertjax.objectives import ernie
 from bertjax.objectives import mlm_only
 from bertjax.objectives import spanbert
+from bertjax.objectives import xlnet
 
 _REGISTRY: dict[str, Callable[[Any], base.Objective]] = {
     "albert": albert.AlbertObjective,
@@ -24,6 +25,7 @@ _REGISTRY: dict[str, Callable[[Any], base.Objective]] = {
     "ernie": ernie.ErnieObjective,
     "mlm_only": mlm_only.MlmOnlyObjective,
     "spanbert": spanbert.SpanBertObjective,
+    "xlnet": xlnet.XLNetObjective,
 }
 
 
