@@ -9,6 +9,7 @@ from flax import linen as nn
 from flax import traverse_util
 
 from bertjax import config_files
+from bertjax import flops
 from bertjax import models
 from bertjax import objectives
 from bertjax import train
@@ -222,6 +223,15 @@ def test_same_losses_on_one_device_and_on_a_2x2x2_mesh(demo_data):
         state, m = step_fn(state, train.to_global(b, mesh), jax.random.key(0))
         rows.append([float(m[k][0] / m[k][1]) for k in ("loss", "mlm_loss")]
                     + [float(m["mlm_loss"][1])])
+      if name == "one":
+        # The useful-FLOP count (both streams) against XLA's count of the
+        # compiled step, which adds softmax, GELU, LayerNorm and Adam: a
+        # little higher, never lower.
+        cost = step_fn.lower(state, train.to_global(b, mesh),
+                             jax.random.key(0)).compile().cost_analysis()
+        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+        ratio = cost["flops"] / flops.step_flops(c)
+        assert 1.0 <= ratio < 1.5, ratio
     results[name] = np.asarray(rows)
   one = results["one"]
   assert np.all(np.isfinite(one)) and np.all(one[:, 2] > 0)
