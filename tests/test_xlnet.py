@@ -200,16 +200,25 @@ def test_bad_xlnet_fields_are_named():
     models.get_model(c)
 
 
-def test_same_losses_on_one_device_and_on_a_2x2x2_mesh(demo_data):
+@pytest.fixture(scope="module")
+def small(demo_data):
+  """The tiny config on short rows with a narrow encoder (explicit
+  dimensions win over model_size): a mesh splits its heads and mlp over
+  tensor=2 all the same, and it compiles faster."""
   c = xlnet_config.get_config("tiny")
   c.data_dir = demo_data.data_dir
   c.batch_size, c.seq_len, c.max_predictions_per_seq = 8, 32, 6
   c.shuffle_window = 32
-  c.num_train_steps, c.warmup_steps = 4, 1
-  # A narrow encoder (explicit dimensions win over model_size): the mesh
-  # splits heads and mlp over tensor=2 all the same, and compiles faster.
+  c.num_train_steps, c.warmup_steps = 6, 1
+  c.log_every_steps = c.checkpoint_every_steps = 3
+  c.eval_every_steps, c.eval_max_batches = 0, 1
   c.model_size = "custom"
   c.num_layers, c.hidden_size, c.num_heads, c.mlp_dim = 2, 32, 2, 64
+  return c
+
+
+def test_same_losses_on_one_device_and_on_a_2x2x2_mesh(small, demo_data):
+  c = small
   it = pipeline.make_train_iterator(c, demo_data.source("train"),
                                     local_batch_size=c.batch_size)
   batches = [next(it) for _ in range(2)]
@@ -238,3 +247,4 @@ def test_same_losses_on_one_device_and_on_a_2x2x2_mesh(demo_data):
   # A learning step happened: the second batch's loss is not the first's.
   assert one[0, 0] != one[1, 0]
   np.testing.assert_allclose(results["mesh"], one, rtol=1e-5)
+
