@@ -72,7 +72,7 @@ _STREAM_FIELDS = (
     # ELECTRA's sampling and loss weight (configs/electra.py)
     "generator_temperature", "disc_loss_weight",
     # XLNet's partial prediction and (not built) segment memory
-    "partial_prediction_k", "mem_len",
+    "partial_prediction_k", "max_span", "mem_len",
     # numerics and the optimizer's schedule
     "dropout_rate", "attention_dropout_rate", "dtype", "learning_rate",
     "warmup_steps", "adam_b1", "adam_b2", "adam_eps", "weight_decay",

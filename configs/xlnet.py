@@ -19,8 +19,8 @@ What differs from ``configs/bert.py`` (every other field is BERT's):
               example and ``epoch % dupe_factor``).
   layout      'full_sentences': rows filled with whole sentences; packed
               documents never see each other (doc_ids).
-Not built yet (see README, XLNet): the span option (``max_span``) and the
-segment memory (``mem_len`` must stay 0).
+Not built yet (see README, XLNet): the segment memory (``mem_len`` must
+stay 0).
 """
 
 import ml_collections
@@ -43,6 +43,9 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   c.objective = "xlnet"  # bertjax/objectives/xlnet.py
   c.model = "xlnet"  # bertjax/models/xlnet.py
   c.partial_prediction_k = 6  # predict the last 1/K of each order (paper: 6)
+  # > 0: predict whole-word n-grams of up to max_span words (P(n) ~ 1/n)
+  # instead of the last 1/K of a random order; 0 = no spans.
+  c.max_span = 0
   c.clamp_len = -1  # relative distances beyond it read as it; -1 = no clamp
   c.mem_len = 0  # segment memory: not built yet, must be 0
   for field in ("nsp_negative_rate", "mask_rate", "mask_token_rate",

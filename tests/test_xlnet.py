@@ -82,22 +82,24 @@ def _synthetic_batch(batch, length, seed=0):
       "positions": jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length)),
       "doc_ids": jnp.asarray(real, jnp.int32),
       "special": jnp.asarray(special),
+      "word_starts": jnp.ones((batch, length), bool),  # every token a word
       "example_id": jnp.stack([jnp.arange(batch), jnp.zeros(batch, jnp.int32)], 1),
       "epoch": jnp.zeros((batch,), jnp.int32),
       "example_mask": jnp.ones((batch,), bool),
   }
 
 
-def _objective(seq_len, k=6, slots=None):
+def _objective(seq_len, k=6, slots=None, max_span=0):
   c = xlnet_config.get_config("tiny")
-  c.seq_len, c.partial_prediction_k = seq_len, k
+  c.seq_len, c.partial_prediction_k, c.max_span = seq_len, k, max_span
   c.max_predictions_per_seq = slots or -(-seq_len // k)
   return xlnet.XLNetObjective(c)
 
 
-def test_the_last_one_kth_of_the_order_is_predicted():
+@pytest.mark.parametrize("max_span", [0, 3])
+def test_the_last_one_kth_of_the_order_is_predicted(max_span):
   batch = _synthetic_batch(512, 40)
-  objective = _objective(40)
+  objective = _objective(40, max_span=max_span)
   inputs, targets = objective.corrupt(jax.random.key(3), batch, jnp.int32(0))
   visible = np.asarray(inputs["perm_visible"])
   rank = visible.sum(-1)  # how many tokens precede each token
@@ -116,9 +118,25 @@ def test_the_last_one_kth_of_the_order_is_predicted():
   # rounding noise (variance <= 1/4 per row) is 0.9% of the total here; 4%
   # is more than 4 standard deviations.
   fraction = weights.sum() / candidates.sum()
-  assert abs(fraction - 1 / 6) < 0.04 / 6, fraction
-  per_row = weights.sum(1) - candidates.sum(1) / 6
-  assert np.all(np.abs(per_row) < 1)
+  # How often a predicted token's right neighbour is predicted too.
+  chosen = np.zeros_like(candidates)
+  for b in range(len(rank)):
+    chosen[b, positions[b][weights[b]]] = True
+  together = (chosen[:, :-1] & chosen[:, 1:]).sum() / chosen[:, :-1].sum()
+  if not max_span:
+    assert abs(fraction - 1 / 6) < 0.04 / 6, fraction
+    per_row = weights.sum(1) - candidates.sum(1) / 6
+    assert np.all(np.abs(per_row) < 1)
+    assert together < 0.25, together  # independent tokens: about 1/6
+  else:
+    # Whole spans within round(candidates / K): a span that would overflow
+    # is skipped, so a row may fall a little short of its budget, never over.
+    budget = np.round(candidates.sum(1) / 6)
+    assert np.all(weights.sum(1) <= budget)
+    assert 0.9 / 6 < fraction <= 1 / 6 + 0.01, fraction
+    # Spans of 1..3 words with P(n) ~ 1/n: 7/18 of the tokens have their
+    # right neighbour in their span (more by chance adjacency).
+    assert together > 0.33, together
 
 
 def _tiny_model():
@@ -188,7 +206,7 @@ def test_tiny_golden_parameter_shapes():
 
 def test_bad_xlnet_fields_are_named():
   for field, value in (("partial_prediction_k", 0), ("max_predictions_per_seq", 5),
-                       ("mem_len", 16)):
+                       ("mem_len", 16), ("max_span", -1)):
     c = xlnet_config.get_config("tiny")
     c[field] = value
     with pytest.raises(ValueError, match=field) as error:

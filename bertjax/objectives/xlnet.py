@@ -31,8 +31,14 @@ No ``forward`` hook is needed: everything random happens in ``corrupt`` and
 the masks travel as a model input, so the step stays ``corrupt -> apply ->
 loss`` and gradient accumulation slices ``perm_visible`` with the batch.
 
-Not built yet: the span option of XLNet's data script (``max_span``:
-contiguous n-grams predicted together) and segment memory (``mem_len``).
+Span option (``max_span`` > 0, as XLNet's data script): instead of the last
+1/K of a random order, whole-word n-grams of 1..max_span words (P(n)
+proportional to 1/n) are chosen until round(candidates / K) tokens
+(``choose_span_tokens``); they go last in the order, in random order among
+themselves, after the other candidates, so the masks keep their definition
+and the predicted tokens are still the last of the order.
+
+Not built yet: segment memory (``mem_len``).
 """
 
 from __future__ import annotations
@@ -55,14 +61,17 @@ def min_slots(seq_len: int, k: int) -> int:
   return math.ceil(seq_len / k)
 
 
-def draw_order(key: jax.Array, candidates: jax.Array,
-               k: float) -> tuple[jax.Array, jax.Array]:
+def draw_order(key: jax.Array, candidates: jax.Array, k: float,
+               chosen: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
   """One example's factorization order and how many of its tokens to predict.
 
   Args:
     key: the example's key.
     candidates: bool [L], tokens that may be predicted.
     k: the partial-prediction divisor K.
+    chosen: bool [L] or None: the tokens to predict, chosen beforehand (the
+      span option); they go last in the order, after the other candidates.
+      None: the last 1/K of the candidates' order (stochastic rounding).
 
   Returns:
     (rank int32 [L]: the place of each token in the order; num_predict int32
@@ -70,10 +79,27 @@ def draw_order(key: jax.Array, candidates: jax.Array,
   """
   order_key, count_key = jax.random.split(key)
   score = jax.random.uniform(order_key, candidates.shape) + candidates
+  if chosen is not None:
+    score = score + chosen
   rank = jnp.argsort(jnp.argsort(score)).astype(jnp.int32)
+  if chosen is not None:
+    return rank, jnp.sum(chosen).astype(jnp.int32)
   count = jnp.sum(candidates).astype(jnp.float32)
   num_predict = jnp.floor(count / k + jax.random.uniform(count_key, ()))
   return rank, jnp.minimum(num_predict, count).astype(jnp.int32)
+
+
+def choose_span_tokens(key: jax.Array, candidates: jax.Array,
+                       word_starts: jax.Array, *, k: float, max_span: int,
+                       num_slots: int) -> jax.Array:
+  """The span option: bool [L], whole-word n-grams (n = 1..max_span words,
+  P(n) proportional to 1/n, as XLNet's data script draws them) chosen until
+  round(candidates / K) tokens (``masking.choose_spans``, ALBERT's n-gram
+  machinery); a span never crosses a special token or a document."""
+  positions, weights = masking.choose_spans(
+      key, candidates, word_starts, rate=1.0 / k, max_predictions=num_slots,
+      length_probs=masking.ngram_length_probs(max_span), whole_word=True)
+  return jnp.zeros(candidates.shape, bool).at[positions].max(weights > 0)
 
 
 def visible_from_rank(rank: jax.Array) -> jax.Array:
@@ -107,6 +133,10 @@ class XLNetObjective:
     self.k = float(config.partial_prediction_k)
     self.num_slots = int(config.max_predictions_per_seq)
     self.masking, self.dupe_factor = mlm.masking_schedule(config)
+    self.max_span = int(config.get("max_span", 0))
+    if self.max_span < 0:
+      raise ValueError(f"max_span={self.max_span} must not be negative; fix "
+                       "--config.max_span (0 = no spans).")
     if not self.k >= 1:
       raise ValueError(
           f"partial_prediction_k={self.k} must be at least 1; fix "
@@ -136,8 +166,8 @@ class XLNetObjective:
         batch["epoch"], step, masking=self.masking, dupe_factor=self.dupe_factor)
     tokens = batch["tokens"]
     candidates = ~batch["special"] & (batch["doc_ids"] > 0)
-    rank, num_predict = jax.vmap(lambda k, c: draw_order(k, c, self.k))(
-        keys, candidates)
+    rank, num_predict = jax.vmap(self._draw)(keys, candidates,
+                                             batch["word_starts"])
     positions, predicted = slots_from_rank(rank, num_predict, self.num_slots)
     weights = predicted & batch["example_mask"][:, None]
     inputs = {
@@ -154,6 +184,16 @@ class XLNetObjective:
         "example_mask": batch["example_mask"],
     }
     return inputs, targets
+
+  def _draw(self, key: jax.Array, candidates: jax.Array,
+            word_starts: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``draw_order`` of one example, with spans when ``max_span`` > 0."""
+    if not self.max_span:
+      return draw_order(key, candidates, self.k)
+    span_key, order_key = jax.random.split(jax.random.fold_in(key, 1))
+    chosen = choose_span_tokens(span_key, candidates, word_starts, k=self.k,
+                                max_span=self.max_span, num_slots=self.num_slots)
+    return draw_order(order_key, candidates, self.k, chosen)
 
   def loss(self, outputs: Mapping[str, jax.Array],
            targets: Mapping[str, jax.Array]) -> tuple[jax.Array, mlm.Metrics]:
