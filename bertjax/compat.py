@@ -55,6 +55,8 @@ _LAYOUT_FIELDS = (
     "generator_num_heads", "generator_mlp_dim",
     # ELECTRA-style pretraining with DeBERTa encoders (configs/deberta_v3.py)
     "encoder", "gdes",
+    # XLNet's relative distance clamp (configs/xlnet.py)
+    "clamp_len",
     # What an import from Hugging Face records (bertjax/convert/workdir.py).
     "hf_special_ids", "hf_model_type", "hf_position_offset")
 _STREAM_FIELDS = (
@@ -73,6 +75,8 @@ _STREAM_FIELDS = (
     "unilm_mask_rates",
     # ELECTRA's sampling and loss weight (configs/electra.py)
     "generator_temperature", "disc_loss_weight",
+    # XLNet's partial prediction and (not built) segment memory
+    "partial_prediction_k", "max_span", "mem_len",
     # numerics and the optimizer's schedule
     "dropout_rate", "attention_dropout_rate", "dtype", "learning_rate",
     "warmup_steps", "adam_b1", "adam_b2", "adam_eps", "weight_decay",

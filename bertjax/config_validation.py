@@ -27,7 +27,8 @@ def validate(config) -> None:
   """Range and choice checks on the loop's config fields, and a mesh_shape
   that fits the devices and divides the model's sharded dimensions."""
   sizes.resolve(config)
-  if not 0.0 < config.mask_rate < 1.0:
+  # XLNet (configs/xlnet.py) masks nothing and has no mask_rate.
+  if "mask_rate" in config and not 0.0 < config.mask_rate < 1.0:
     _fail("mask_rate", config.mask_rate, "it must lie strictly between 0 and 1")
   if config.masking not in _MASKING:
     _fail("masking", config.masking, f"it must be one of {', '.join(_MASKING)}")

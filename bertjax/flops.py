@@ -31,6 +31,18 @@ term (c2p, p2c; n_terms of them)
 
 where R is the number of relative-table rows a row of S tokens reads
 (``disentangled.relative_index``: at most 2S - 1); the gathers are free.
+XLNet (``config.model == 'xlnet'``) has two streams through every layer:
+the content stream as above (its Q, K, V and output projections, feed-forward
+and attention over T tokens), and the query stream at the P prediction slots
+(Q and output projections, feed-forward, attention over S keys), plus per
+layer the relative-position scores of both streams against the R = 2S - 1
+sinusoid rows and the rows' projection:
+
+             + 6 * (2*H*H + 2*H*F) * P + 12 * H * S * P   (query stream)
+             + 6 * (T + P) * R * H + 6 * R * H * H        (relative positions)
+
+and the LM head is the tied decoder alone (``6 * H * V * P``, no transform).
+The two-row relative-segment scores are not counted.
 Embedding lookups, biases, LayerNorm, softmax and GELU are not counted, nor is
 rematerialisation's recomputation: MFU measures useful work, so remat lowers
 it honestly.
@@ -85,6 +97,8 @@ def step_flops(config) -> float:
   predictions = b * int(config.max_predictions_per_seq)
   if config.get("model") == "electra":
     return _electra_flops(config, size, s, tokens, predictions)
+  if config.get("model") == "xlnet":
+    return _xlnet_flops(config, size, s, tokens, predictions)
   total = _encoder_flops(size, s, tokens)
   if config.get("model") == "deberta":
     # The enhanced mask decoder re-runs the last layer emd_layers times, and
@@ -133,6 +147,19 @@ def _electra_flops(config, size: sizes.Size, seq_len: int, tokens: int,
   total += 6.0 * (g * e + e * int(config.vocab_size)) * predictions
   total += 6.0 * (h * h + h) * tokens
   return total
+
+
+def _xlnet_flops(config, size: sizes.Size, seq_len: int, tokens: int,
+                 predictions: int) -> float:
+  """XLNet (module docstring): content and query streams, relative
+  positions, the tied LM head at the prediction slots, forward + backward."""
+  h, f, layers = size.hidden_size, size.mlp_dim, size.num_layers
+  rows = 2 * seq_len - 1
+  per_layer = (6.0 * (2 * h * h + 2 * h * f) * predictions
+               + 12.0 * h * seq_len * predictions
+               + 6.0 * (tokens + predictions) * rows * h + 6.0 * rows * h * h)
+  return (_encoder_flops(size, seq_len, tokens) + layers * per_layer
+          + 6.0 * h * int(config.vocab_size) * predictions)
 
 
 def _datasheet_peak(device_kind: str) -> float | None:

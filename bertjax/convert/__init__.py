@@ -37,6 +37,7 @@ ARCHITECTURES = {
     "albert": "bertjax.convert.albert",
     "deberta-v2": "bertjax.convert.deberta",
     "electra": "bertjax.convert.electra",
+    "xlnet": "bertjax.convert.xlnet",
 }
 
 

@@ -35,7 +35,9 @@ OPTIONAL_FIELDS = ("sentence_head", "embedding_size", "layer_sharing", "hf_model
                    "generator_hidden_fraction", "generator_num_layers",
                    "generator_hidden_size", "generator_num_heads", "generator_mlp_dim",
                    # configs/deberta_v3.py: ELECTRA towers of DeBERTa blocks.
-                   "encoder", "gdes")
+                   "encoder", "gdes",
+                   # configs/xlnet.py's relative distance clamp and memory.
+                   "clamp_len", "mem_len")
 # Old TF-converted checkpoints name LayerNorm parameters gamma/beta.
 _LEGACY_SUFFIXES = {".gamma": ".weight", ".beta": ".bias"}
 

@@ -146,6 +146,8 @@ def to_hf(rule: Rule, array: np.ndarray, order: np.ndarray | None,
   if rule.kind == "linear":
     n_in = int(np.prod(array.shape[:rule.in_axes]))
     array = array.reshape(n_in, -1).T
+  elif array.ndim < rule.hf_ndim:  # leading unit axes (XLNet's mask_emb [1, 1, H])
+    array = array.reshape((1,) * (rule.hf_ndim - array.ndim) + array.shape)
   else:
     array = array.reshape(array.shape[:rule.hf_ndim - 1] + (-1,))
   if rule.vocab and order is not None:

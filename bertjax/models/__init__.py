@@ -20,6 +20,7 @@ from bertjax.models import bert
 from bertjax.models import deberta
 from bertjax.models import electra
 from bertjax.models import spanbert
+from bertjax.models import xlnet
 
 _BUILDERS: dict[str, Callable[[ml_collections.ConfigDict, Any], nn.Module]] = {
     "albert": albert.from_config,
@@ -27,6 +28,7 @@ _BUILDERS: dict[str, Callable[[ml_collections.ConfigDict, Any], nn.Module]] = {
     "deberta": deberta.from_config,
     "electra": electra.from_config,
     "spanbert": spanbert.from_config,
+    "xlnet": xlnet.from_config,
 }
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}

@@ -17,6 +17,7 @@ from bertjax.objectives import ernie
 from bertjax.objectives import mlm_only
 from bertjax.objectives import spanbert
 from bertjax.objectives import unilm
+from bertjax.objectives import xlnet
 
 _REGISTRY: dict[str, Callable[[Any], base.Objective]] = {
     "albert": albert.AlbertObjective,
@@ -26,6 +27,7 @@ _REGISTRY: dict[str, Callable[[Any], base.Objective]] = {
     "mlm_only": mlm_only.MlmOnlyObjective,
     "spanbert": spanbert.SpanBertObjective,
     "unilm": unilm.UnilmObjective,
+    "xlnet": xlnet.XLNetObjective,
 }
 
 

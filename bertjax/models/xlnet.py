@@ -1,0 +1,395 @@
+"""XLNet: two-stream self-attention over Transformer-XL relative positions.
+
+Yang et al. (2019), the architecture Hugging Face ships as ``XLNetModel`` /
+``XLNetLMHeadModel`` (bidirectional attention, ``attn_type='bi'``). What
+differs from BERT (the feed-forward, post-LayerNorms and word table are
+BERT's pieces from ``layers``):
+
+* No absolute positions and no segment table. Every layer scores a query i
+  against a key j by content, by relative position and by relative segment:
+  ``(q_i + r_w)·k_j + (q_i + r_r)·R(i - j) W_r + (q_i + r_s)·s_ij``, scaled
+  by 1/sqrt(head_dim), where R(d) is the sinusoid of the distance
+  d = i - j (``relative_table``), W_r the layer's position projection and
+  s_ij the layer's ``seg_embed`` row 0 (same segment) or 1 (different).
+  The biases r_w, r_r, r_s [heads, kv] are per layer. Projections have no
+  bias, as the original.
+* Two streams (section 2.3). The content stream h starts from the word
+  embeddings and sees itself and the tokens earlier in the factorization
+  order; the query stream g starts, at every predicted slot, from one learned
+  vector ``mask_emb`` and sees only the earlier tokens, never its own. Both
+  streams use every layer's weights; g reads keys and values of h. The
+  order arrives as the model input ``perm_visible``: bool [batch, length,
+  length], True where token i may read token j (j precedes i in the order).
+  The objective builds it (bertjax/objectives/xlnet.py); the model ANDs it
+  with the document mask of ``doc_ids``, so packed documents never see each
+  other.
+* Predictions come from g at the slots ``masked_positions`` (XLNet's target
+  mapping as indices: one row per slot, int32 [batch, P]) through the output
+  embedding tied to the input one, plus a bias (no transform, unlike BERT's
+  MLM head).
+
+Without ``perm_visible`` only the content stream runs, bidirectionally within
+each document: fine-tuning and ``bertjax.load(...).encode``; ``mlm_logits``
+are then read from h at ``masked_positions``.
+
+Inputs: tokens, segment_ids, positions (unused: positions are relative),
+doc_ids int32 [batch, length]; optional masked_positions int32 [batch, P];
+optional perm_visible bool [batch, length, length].
+Outputs: hidden [batch, length, embed] (content stream of the last layer,
+what XLNetModel returns without target mapping); mlm_logits float32
+[batch, P, vocab] when masked_positions is given.
+
+Parameter tree::
+
+  word_embeddings/embedding [V, H]     mask_emb [H]     lm_bias [V]
+  layer_i/attention/{query,key,value,relative}/kernel [H, heads, kv]
+  layer_i/attention/out [H, heads, kv]
+  layer_i/attention/{r_w_bias, r_r_bias, r_s_bias} [heads, kv], seg_embed [2, heads, kv]
+  layer_i/{attention_norm, mlp/{wi, wo}, mlp_norm}
+
+Not built: segment recurrence (``mem_len``, Transformer-XL memory) and
+``bi_data``; see the README's XLNet section.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from bertjax.models import layers
+from bertjax.models import sizes
+
+Dtype = Any
+
+
+def relative_table(length: int, hidden_size: int, clamp_len: int = -1) -> jax.Array:
+  """Sinusoids of the relative distances a row of ``length`` tokens needs.
+
+  Row r holds distance d = (length - 1) - r, so rows 0 .. 2*length-2 run
+  from length-1 down to -(length-1); ``relative_index`` points into it. A
+  distance beyond ``clamp_len`` (> 0) reads as ``clamp_len``.
+
+  Returns:
+    float32 [2 * length - 1, hidden_size]: [sin(d f), cos(d f)] with
+    f_k = 1 / 10000^(2k / hidden_size).
+  """
+  distance = jnp.arange(length - 1, -length, -1, dtype=jnp.float32)
+  if clamp_len > 0:
+    distance = jnp.clip(distance, -clamp_len, clamp_len)
+  inv_freq = 1.0 / (10000.0 ** (jnp.arange(0, hidden_size, 2, dtype=jnp.float32)
+                                / hidden_size))
+  angle = distance[:, None] * inv_freq[None, :]
+  return jnp.concatenate([jnp.sin(angle), jnp.cos(angle)], axis=-1)
+
+
+def relative_index(query_positions: jax.Array, length: int) -> jax.Array:
+  """Row of ``relative_table`` for each (query, key) pair.
+
+  Args:
+    query_positions: int32 [batch, Q], the query's index in the row.
+    length: number of keys.
+
+  Returns:
+    int32 [batch, Q, length]: (length - 1) - (i - j).
+  """
+  keys = jnp.arange(length, dtype=jnp.int32)
+  return (length - 1) - query_positions[:, :, None] + keys[None, None, :]
+
+
+def stream_masks(doc_ids: jax.Array,
+                 perm_visible: jax.Array | None) -> tuple[jax.Array, jax.Array | None]:
+  """Which keys each stream's queries may read.
+
+  Args:
+    doc_ids: int32 [batch, length]; 0 on padding.
+    perm_visible: bool [batch, length, length] or None; True where token j
+      precedes token i in the factorization order.
+
+  Returns:
+    (content bool [batch, length, length]: same document, a real key, and
+    with an order, j before i or j == i; query bool [batch, length, length]
+    or None: same document, real key, j before i).
+  """
+  visible = layers.doc_attention_mask(doc_ids)[:, 0]
+  if perm_visible is None:
+    return visible, None
+  query = visible & perm_visible
+  itself = visible & jnp.eye(doc_ids.shape[1], dtype=bool)[None]
+  return query | itself, query
+
+
+class TwoStreamAttention(nn.Module):
+  """XLNet's relative multi-head attention, for one or both streams.
+
+  Attributes:
+    num_heads: heads; the hidden size must be divisible by it.
+    dropout_rate: dropout on the attention probabilities.
+    dtype: compute dtype.
+  """
+  num_heads: int
+  dropout_rate: float = 0.0
+  dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, h: jax.Array, streams: list[dict[str, jax.Array]],
+               table: jax.Array, segment_ids: jax.Array,
+               deterministic: bool) -> list[jax.Array]:
+    """Attends each stream's queries over the content stream ``h``.
+
+    Args:
+      h: [batch, length, embed] content stream (keys and values).
+      streams: per stream a dict: ``x`` [batch, Q, embed] the queries' hidden
+        states, ``positions`` int32 [batch, Q] their index in the row,
+        ``mask`` bool [batch, Q, length] (True = may attend).
+      table: float32 [2 * length - 1, embed] (``relative_table``).
+      segment_ids: int32 [batch, length].
+      deterministic: disables dropout.
+
+    Returns:
+      per stream [batch, Q, embed]: the attention output after the output
+      projection (no residual, no LayerNorm).
+    """
+    hidden = h.shape[-1]
+    if hidden % self.num_heads:
+      raise ValueError(
+          f"Hidden size {hidden} is not divisible by num_heads "
+          f"{self.num_heads}; pick a size row whose hidden_size is a multiple.")
+    head_dim = hidden // self.num_heads
+
+    def projection(name: str) -> nn.DenseGeneral:
+      return nn.DenseGeneral(
+          features=(self.num_heads, head_dim), use_bias=False, dtype=self.dtype,
+          param_dtype=jnp.float32,
+          kernel_init=layers.kernel_init("embed", "heads", "kv"), name=name)
+
+    def bias(name: str, *shape: int) -> jax.Array:
+      axes = (None,) * (len(shape) - 2) + ("heads", "kv")
+      return self.param(name, layers.kernel_init(*axes),
+                        (*shape, self.num_heads, head_dim), jnp.float32)
+
+    query = projection("query")
+    k = projection("key")(h)
+    v = projection("value")(h)
+    k_rel = projection("relative")(table.astype(self.dtype))
+    r_w, r_r, r_s = bias("r_w_bias"), bias("r_r_bias"), bias("r_s_bias")
+    seg_embed = bias("seg_embed", 2)
+    # [embed, heads, kv], the layout of the original (and of transformers'
+    # ``o``), read transposed.
+    out = self.param("out", layers.kernel_init("embed", "heads", "kv"),
+                     (hidden, self.num_heads, head_dim), jnp.float32)
+    length = h.shape[1]
+    results = []
+    for stream in streams:
+      q = query(stream["x"])
+
+      def score(bias_vec, keys, spec):
+        return jnp.einsum(spec, q + bias_vec.astype(q.dtype), keys,
+                          preferred_element_type=jnp.float32)
+
+      content = score(r_w, k, "bqnd,bknd->bnqk")
+      by_distance = score(r_r, k_rel, "bqnd,rnd->bnqr")
+      index = relative_index(stream["positions"], length)
+      position = jnp.take_along_axis(
+          by_distance, jnp.broadcast_to(index[:, None], content.shape), axis=-1)
+      by_segment = score(r_s, seg_embed, "bqnd,snd->bnqs")
+      query_segments = jnp.take_along_axis(segment_ids, stream["positions"], axis=1)
+      differ = (query_segments[:, :, None] != segment_ids[:, None, :])[:, None]
+      segment = jnp.where(differ, by_segment[..., 1:2], by_segment[..., 0:1])
+      logits = (content + position + segment) / jnp.sqrt(jnp.float32(head_dim))
+      # jnp.where keeps a query with no visible key finite (a uniform
+      # average), as layers.attend_values does.
+      logits = jnp.where(stream["mask"][:, None], logits,
+                         jnp.finfo(jnp.float32).min)
+      probs = jax.nn.softmax(logits, axis=-1)
+      probs = nn.Dropout(rate=self.dropout_rate)(probs, deterministic)
+      mixed = jnp.einsum("bnqk,bknd->bqnd", probs.astype(self.dtype), v)
+      results.append(jnp.einsum("bqnd,end->bqe", mixed, out.astype(self.dtype)))
+    return results
+
+
+class TwoStreamBlock(nn.Module):
+  """One XLNet layer: relative attention and feed-forward, post-LayerNorm,
+  applied with the same weights to the content stream and, when given, the
+  query stream.
+
+  Attributes: as ``layers.EncoderBlock`` (num_heads, mlp_dim, dropout_rate,
+  attention_dropout_rate, dtype, layer_norm_eps, activation).
+  """
+  num_heads: int
+  mlp_dim: int
+  dropout_rate: float = 0.0
+  attention_dropout_rate: float = 0.0
+  dtype: Dtype = jnp.float32
+  layer_norm_eps: float = layers.LAYER_NORM_EPS
+  activation: str = "gelu"
+
+  @nn.compact
+  def __call__(self, h: jax.Array, g: jax.Array | None,
+               context: dict[str, jax.Array],
+               deterministic: bool) -> tuple[jax.Array, jax.Array | None]:
+    """Maps h [batch, length, embed] and g [batch, P, embed] (or None) to
+    their next layer; ``context`` holds table, segment_ids, content_mask,
+    and with g query_positions and query_mask (see XLNetForPretraining)."""
+    length = h.shape[1]
+    streams = [dict(x=h, mask=context["content_mask"], positions=jnp.broadcast_to(
+        jnp.arange(length, dtype=jnp.int32), h.shape[:2]))]
+    if g is not None:
+      streams.append(dict(x=g, mask=context["query_mask"],
+                          positions=context["query_positions"]))
+    attended = TwoStreamAttention(
+        num_heads=self.num_heads, dropout_rate=self.attention_dropout_rate,
+        dtype=self.dtype, name="attention")(
+            h, streams, context["table"], context["segment_ids"], deterministic)
+    attention_norm = layers.layer_norm(self.dtype, "attention_norm",
+                                       self.layer_norm_eps)
+    mlp = layers.Mlp(mlp_dim=self.mlp_dim, dtype=self.dtype,
+                     activation=self.activation, name="mlp")
+    mlp_norm = layers.layer_norm(self.dtype, "mlp_norm", self.layer_norm_eps)
+    dropout = nn.Dropout(rate=self.dropout_rate)
+    outputs = []
+    for stream, y in zip(streams, attended):
+      x = attention_norm(stream["x"] + dropout(y, deterministic))
+      x = mlp_norm(x + dropout(mlp(x), deterministic))
+      outputs.append(nn.with_logical_constraint(x, layers.HIDDEN_AXES))
+    return outputs[0], (outputs[1] if g is not None else None)
+
+
+class XLNetForPretraining(nn.Module):
+  """The XLNet encoder with its tied LM head (see the module docstring).
+
+  Attributes:
+    vocab_size: rows of the word table.
+    num_layers, hidden_size, num_heads, mlp_dim: a row of sizes.SIZES.
+    clamp_len: relative distances beyond it read as it (<= 0: no clamp).
+    dropout_rate: dropout on embeddings, relative table, sublayer outputs
+      and the final hidden states.
+    attention_dropout_rate: dropout on attention probabilities.
+    dtype: compute dtype (parameters are float32).
+    remat: 'none' | 'full' | 'dots' (``layers.REMAT_POLICIES``).
+    layer_norm_eps, activation: as ``bert.BertForPretraining``.
+  """
+  vocab_size: int
+  num_layers: int
+  hidden_size: int
+  num_heads: int
+  mlp_dim: int
+  clamp_len: int = -1
+  dropout_rate: float = 0.0
+  attention_dropout_rate: float = 0.0
+  dtype: Dtype = jnp.float32
+  remat: str = "none"
+  layer_norm_eps: float = layers.LAYER_NORM_EPS
+  activation: str = "gelu"
+
+  def setup(self):
+    self.word_embeddings = nn.Embed(
+        num_embeddings=self.vocab_size, features=self.hidden_size,
+        dtype=self.dtype, param_dtype=jnp.float32,
+        embedding_init=layers.kernel_init("vocab", "embed"),
+        name="word_embeddings")
+    self.mask_emb = self.param("mask_emb", layers.kernel_init("embed"),
+                               (self.hidden_size,), jnp.float32)
+    self.lm_bias = self.param("lm_bias", layers.zeros_init("vocab"),
+                              (self.vocab_size,), jnp.float32)
+    block_cls = TwoStreamBlock
+    if self.remat != "none":
+      if self.remat not in layers.REMAT_POLICIES:
+        raise ValueError(
+            f"Unknown remat policy {self.remat!r}; set --config.remat to one "
+            f"of none, {', '.join(layers.REMAT_POLICIES)}.")
+      # deterministic (argument 4, counting self) picks dropout on or off.
+      block_cls = nn.remat(TwoStreamBlock,
+                           policy=layers.REMAT_POLICIES[self.remat],
+                           static_argnums=(4,))
+    self.blocks = [
+        block_cls(num_heads=self.num_heads, mlp_dim=self.mlp_dim,
+                  dropout_rate=self.dropout_rate,
+                  attention_dropout_rate=self.attention_dropout_rate,
+                  dtype=self.dtype, layer_norm_eps=self.layer_norm_eps,
+                  activation=self.activation, name=f"layer_{i}")
+        for i in range(self.num_layers)]
+    self.dropout = nn.Dropout(rate=self.dropout_rate)
+
+  def __call__(self, inputs: Mapping[str, jax.Array],
+               deterministic: bool = True) -> dict[str, jax.Array]:
+    """Runs the model; see the module docstring for inputs and outputs."""
+    tokens = inputs["tokens"]
+    length = tokens.shape[1]
+    h = self.dropout(self.word_embeddings(tokens), deterministic)
+    # A no-op unless a 'perturbations' collection is passed: the gradient
+    # with respect to the embedded input (the tests' leakage check).
+    h = self.perturb("embedded", h)
+    content, earlier = stream_masks(inputs["doc_ids"], inputs.get("perm_visible"))
+    context = dict(
+        table=self.dropout(relative_table(length, self.hidden_size,
+                                          self.clamp_len), deterministic),
+        segment_ids=inputs["segment_ids"], content_mask=content)
+    g = None
+    two_stream = "perm_visible" in inputs and "masked_positions" in inputs
+    if two_stream:
+      slots = inputs["masked_positions"]
+      context["query_positions"] = slots
+      context["query_mask"] = jnp.take_along_axis(earlier, slots[:, :, None],
+                                                  axis=1)
+      g = jnp.broadcast_to(self.mask_emb.astype(self.dtype),
+                           (*slots.shape, self.hidden_size))
+      g = self.dropout(g, deterministic)
+    for block in self.blocks:
+      h, g = block(h, g, context, deterministic)
+    outputs = {"hidden": h}
+    if two_stream:
+      outputs["mlm_logits"] = self.lm_logits(self.dropout(g, deterministic))
+    elif "masked_positions" in inputs:
+      picked = jnp.take_along_axis(
+          h, inputs["masked_positions"][:, :, None], axis=1)
+      outputs["mlm_logits"] = self.lm_logits(self.dropout(picked, deterministic))
+    return outputs
+
+  def lm_logits(self, x: jax.Array) -> jax.Array:
+    """[..., embed] -> float32 [..., vocab]: tied output embedding + bias."""
+    table = self.word_embeddings.embedding.astype(self.dtype)
+    logits = jnp.einsum("...e,ve->...v", x.astype(self.dtype), table,
+                        preferred_element_type=jnp.float32)
+    return logits + self.lm_bias
+
+
+def from_config(config: ml_collections.ConfigDict,
+                dtype: Dtype) -> XLNetForPretraining:
+  """Builds XLNetForPretraining from a config (see configs/xlnet.py).
+
+  Args:
+    config: a ConfigDict or a plain mapping: model_size (or explicit
+      num_layers, hidden_size, num_heads, mlp_dim), vocab_size, dropout_rate,
+      attention_dropout_rate and, when present, clamp_len, mem_len (only 0:
+      the memory is not built), scan_layers (only False), remat,
+      layer_norm_eps and hidden_act.
+    dtype: the compute dtype, already parsed from config.dtype.
+
+  Raises:
+    ValueError: for a feature bertjax's XLNet does not have.
+  """
+  size = sizes.resolve(config)
+  get = config.get
+  if int(get("mem_len", 0) or 0) > 0:
+    raise ValueError(
+        f"mem_len={get('mem_len')}: XLNet's segment memory is not built in "
+        "bertjax yet; set --config.mem_len=0.")
+  if bool(get("scan_layers", False)):
+    raise ValueError("scan_layers is not supported by the XLNet model yet; "
+                     "set --config.scan_layers=False.")
+  return XLNetForPretraining(
+      vocab_size=int(config["vocab_size"]),
+      num_layers=size.num_layers,
+      hidden_size=size.hidden_size,
+      num_heads=size.num_heads,
+      mlp_dim=size.mlp_dim,
+      clamp_len=int(get("clamp_len", -1)),
+      dropout_rate=float(config["dropout_rate"]),
+      attention_dropout_rate=float(config["attention_dropout_rate"]),
+      dtype=dtype,
+      remat=str(get("remat", "none")),
+      **layers.numerics(config))

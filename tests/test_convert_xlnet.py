@@ -1,0 +1,184 @@
+"""Hugging Face interop for XLNet: parity with transformers' XLNetLMHeadModel
+on random models of two sizes (content stream; query stream under a
+perm_mask / target_mapping), bit-identical round trips, the sentencepiece
+tokenizer, refused options."""
+
+import io
+import json
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+import numpy as np
+import pytest
+
+from bertjax.convert import workdir as workdir_lib
+from test_convert_variants import CORPUS, TEXTS, _close, _perturb
+
+torch = pytest.importorskip("torch", reason="parity tests need torch (the hf extra)")
+transformers = pytest.importorskip(
+    "transformers", reason="parity tests need transformers (the hf extra)")
+safetensors_numpy = pytest.importorskip("safetensors.numpy")
+
+# An odd head count and a clamp of relative distances shorter than the rows.
+KINDS = {
+    "h3": dict(d_model=30, n_head=3, n_layer=2, d_inner=37, clamp_len=-1),
+    "h4": dict(d_model=32, n_head=4, n_layer=3, d_inner=40, clamp_len=5),
+}
+
+
+def _xlnet_tokenizer(path):
+  """A sentencepiece model laid out as XLNet's: <unk>=0 <s>=1 </s>=2, then
+  <cls> <sep> <pad> <mask> as control symbols."""
+  import sentencepiece as spm
+  model = io.BytesIO()
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(CORPUS), model_writer=model, vocab_size=90,
+      model_type="unigram", unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+      control_symbols=["<cls>", "<sep>", "<pad>", "<mask>", "<eod>", "<eop>"],
+      hard_vocab_limit=False, character_coverage=1.0, minloglevel=2)
+  spiece = os.path.join(path, "spiece.model")
+  with open(spiece, "wb") as f:
+    f.write(model.getvalue())
+  tok = transformers.XLNetTokenizer(spiece)
+  tok.save_pretrained(path)
+  return len(tok)
+
+
+@pytest.fixture(scope="module", params=sorted(KINDS))
+def hf_model(request, tmp_path_factory):
+  """(kind, directory, the HF PyTorch model) of a random tiny XLNetLMHeadModel."""
+  kind = request.param
+  path = str(tmp_path_factory.mktemp(f"hf_xlnet_{kind}"))
+  vocab = _xlnet_tokenizer(path)
+  torch.manual_seed(len(kind))
+  config = transformers.XLNetConfig(vocab_size=vocab, dropout=0.0, layer_norm_eps=1e-7,
+                                    ff_activation="gelu", **KINDS[kind])
+  model = transformers.XLNetLMHeadModel(config)
+  model = _perturb(model).eval()
+  model.save_pretrained(path)
+  return kind, path, model
+
+
+def _inputs(tok, vocab, lengths, seed):
+  length = max(lengths)
+  mask = (np.arange(length)[None] < np.array(lengths)[:, None]).astype(np.int64)
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(9, vocab, (len(lengths), length)) * mask
+  types = (np.arange(length)[None] >= np.array(lengths)[:, None] // 2) * mask
+  ours = dict(tokens=tok.from_hf_ids(ids), segment_ids=types,
+              positions=np.broadcast_to(np.arange(length), ids.shape), doc_ids=mask)
+  return ids, mask, types, ours
+
+
+def test_content_stream_matches_pytorch(hf_model):
+  from bertjax import api
+  kind, path, hf = hf_model
+  model = api.load(path)
+  tok, vocab = model.tokenizer, hf.config.vocab_size
+  # <pad> <unk> <cls> <sep> <mask> at bertjax's 0..4.
+  assert tok.special_ids == [5, 0, 3, 4, 6]
+  ids, mask, types, ours = _inputs(tok, vocab, [13, 9, 4], seed=1)
+  with torch.no_grad():
+    out = hf(torch.tensor(ids), attention_mask=torch.tensor(mask),
+             token_type_ids=torch.tensor(types), output_hidden_states=True)
+  ref_hidden, ref_logits = out.hidden_states[-1].numpy(), out.logits.numpy()
+  got = model.run(ours)
+  real = mask.astype(bool)
+  assert _close(got["hidden"][real], ref_hidden[real])
+  logits = got["mlm_logits"][..., tok.from_hf_ids(np.arange(vocab))]
+  assert _close(logits[real], ref_logits[real])
+
+
+def test_query_stream_matches_pytorch_under_a_permutation(hf_model):
+  import jax.numpy as jnp
+  from bertjax.convert import xlnet as mapping
+  kind, path, hf = hf_model
+  fields, params, initialised, unused, tok = workdir_lib.load_hf(path)
+  assert initialised == [] and unused == []
+  vocab, length, slots = hf.config.vocab_size, 11, 4
+  ids, mask, types, ours = _inputs(tok, vocab, [length] * 3, seed=2)
+  rng = np.random.default_rng(3)
+  orders = np.stack([rng.permutation(length) for _ in range(3)])
+  rank = np.argsort(orders, axis=1)
+  visible = rank[:, None, :] < rank[:, :, None]  # j before i
+  targets = orders[:, ::-1][:, :slots]  # the last tokens of each order
+  mapping_matrix = np.zeros((3, slots, length), np.float32)
+  for b in range(3):
+    mapping_matrix[b, np.arange(slots), targets[b]] = 1
+  with torch.no_grad():
+    out = hf(torch.tensor(ids), token_type_ids=torch.tensor(types),
+             perm_mask=torch.tensor((~visible).astype(np.float32)),
+             target_mapping=torch.tensor(mapping_matrix), output_hidden_states=True)
+  model = mapping.build_model(fields, jnp.float32)
+  got = model.apply({"params": params}, {
+      **{k: jnp.asarray(v, jnp.int32) for k, v in ours.items()},
+      "perm_visible": jnp.asarray(visible),
+      "masked_positions": jnp.asarray(targets, jnp.int32)})
+  logits = np.asarray(got["mlm_logits"])[..., tok.from_hf_ids(np.arange(vocab))]
+  assert _close(logits, out.logits.numpy())
+  # hidden_states interleave (h, g) per layer: the last content stream.
+  assert _close(np.asarray(got["hidden"]), out.hidden_states[-2].numpy())
+
+
+def test_import_and_export_are_bit_identical(hf_model, tmp_path):
+  import ml_collections
+  from bertjax import config_files
+  from bertjax import config_validation
+  kind, path, _ = hf_model
+  workdir = str(tmp_path / "imported")
+  report = workdir_lib.import_hf(path, workdir,
+                                 config_files.shipped("xlnet").get_config("tiny"))
+  assert report.initialised == [] and report.unused == []
+  with open(os.path.join(workdir, "config.json")) as f:
+    saved = json.load(f)
+  assert (saved["model"], saved["objective"]) == ("xlnet", "xlnet")
+  assert saved["clamp_len"] == KINDS[kind]["clamp_len"]
+  config_validation.validate(ml_collections.ConfigDict(saved))
+  out = str(tmp_path / "hf")
+  workdir_lib.export_hf(workdir, out)
+  original = safetensors_numpy.load_file(os.path.join(path, "model.safetensors"))
+  exported = safetensors_numpy.load_file(os.path.join(out, "model.safetensors"))
+  assert set(exported) == set(original) - {"lm_loss.weight"}
+  for name, array in exported.items():
+    assert array.dtype == original[name].dtype and np.array_equal(array, original[name]), name
+  _, info = transformers.XLNetLMHeadModel.from_pretrained(out, output_loading_info=True)
+  assert info["missing_keys"] == [] and info["unexpected_keys"] == []
+
+
+def test_tokenizer_matches_transformers(hf_model):
+  from bertjax.convert import hf_tokenizers
+  kind, path, _ = hf_model
+  if kind != "h3":
+    pytest.skip("one model is enough for the tokenizer")
+  ours = hf_tokenizers.HfTokenizer(path)
+  slow = transformers.XLNetTokenizer.from_pretrained(path)
+  for text, ids in zip(TEXTS, ours.encode_batch(TEXTS)):
+    assert list(ours.to_hf_ids(ids)) == slow(text, add_special_tokens=False)["input_ids"], text
+
+
+def test_unsupported_options_are_refused_and_leave_nothing(hf_model, tmp_path):
+  from bertjax import config_files
+  kind, path, _ = hf_model
+  if kind != "h3":
+    pytest.skip("one model is enough for the refusals")
+  with open(os.path.join(path, "config.json")) as f:
+    config = json.load(f)
+  base = config_files.shipped("xlnet").get_config("tiny")
+  for i, (change, message) in enumerate([
+      ({"attn_type": "uni"}, "attn_type"),
+      ({"bi_data": True}, "bi_data"),
+      ({"ff_activation": "silu"}, "ff_activation"),
+  ]):
+    bad = tmp_path / f"hf{i}"
+    bad.mkdir()
+    for name in os.listdir(path):
+      if name != "config.json":
+        os.symlink(os.path.join(path, name), bad / name)
+    with open(bad / "config.json", "w") as f:
+      json.dump({**config, **change}, f)
+    workdir = tmp_path / f"workdir{i}"
+    with pytest.raises(ValueError, match=message) as error:
+      workdir_lib.import_hf(str(bad), str(workdir), base)
+    assert "\n" not in str(error.value)
+    assert not workdir.exists()
