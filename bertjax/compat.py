@@ -80,7 +80,8 @@ _STREAM_FIELDS = (
     "single_segment",
     # Fine-tuning (configs/finetune.py): its data, rows and schedule.
     "train_files", "eval_files", "doc_stride", "max_query_tokens", "head_dropout",
-    "num_epochs", "warmup_fraction", "layer_decay", "steps_per_epoch")
+    "num_epochs", "warmup_fraction", "layer_decay", "steps_per_epoch",
+    "max_train_examples")
 _SAFE_FIELDS = (
     # Paths move; what they hold is checked by the tokenizer fingerprint.
     "data_dir", "tokenizer_path", "hf_kept_tensors",
@@ -97,7 +98,7 @@ _SAFE_FIELDS = (
     "eval_seed", "nonfinite", "max_consecutive_skips", "debug_nan_step",
     "allow_changes", "restart_from_scratch",
     # Fine-tuning: where TFDS tasks live, decoding, which metric picks the best.
-    "tfds_data_dir", "max_answer_tokens", "main_metric")
+    "tfds_data_dir", "max_answer_tokens", "main_metric", "max_eval_examples")
 
 # The one table: config field -> LAYOUT, STREAM or SAFE.
 FIELDS: dict[str, str] = {

@@ -27,11 +27,13 @@ def get_config(arg: str = "coherence") -> ml_collections.ConfigDict:
   c.label_field = "label"  # local tables: the label column
   c.label_names = ""  # local classification: every label, comma-separated ('' = those in train)
   c.tfds_data_dir = ""  # where TFDS tasks are prepared ('' = TFDS's default)
+  c.max_train_examples = 0  # use only the first N training examples (0 = all)
+  c.max_eval_examples = 0  # score only the first N eval examples (0 = all)
   c.train_split = "train"
   c.eval_split = "validation_matched" if task == "glue/mnli" else "validation"
 
   c.random_init = False  # keep --init's architecture and tokenizer, not its weights
-  c.pooling = "first"  # sequence head: 'first' token (dense+tanh) | the encoder's 'pooler'
+  c.pooling = "first"  # sequence head: 'first' token | 'mean' of tokens (dense+tanh) | the encoder's 'pooler'
   c.head_dropout = 0.1  # dropout on the head's input
   c.seq_len = 384 if task == "squad" else 128
   c.doc_stride = 128 if task == "squad" else 32  # QA: tokens between window starts

@@ -262,7 +262,7 @@ def score(task: tasks_lib.Task, examples, feats, logits: np.ndarray, config
 def _write_jsonl(path: epath.Path, records: list[dict[str, Any]]) -> None:
   tmp = path.parent / (path.name + ".tmp")
   tmp.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-  tmp.rename(path)
+  tmp.replace(path)
 
 
 # ---------------------------------------------------------------------- run
@@ -285,6 +285,10 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
   _check(config)
   fields, loaded, tokenizer = load_init(init)
   task = tasks_lib.load(config)
+  if config.max_train_examples:
+    task.train = task.train[:config.max_train_examples]
+  if config.max_eval_examples:
+    task.eval = task.eval[:config.max_eval_examples]
   separators, single = _encoder_layout(fields)
   encoder = features_lib.Encoder(tokenizer, config.seq_len, pair_separators=separators,
                                  single_segment=single)

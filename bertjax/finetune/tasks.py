@@ -101,21 +101,24 @@ def _demo_documents() -> tuple[list, list]:
   return train, [d for d in docs if _stable_fraction(d[0]) >= DEMO_TRAIN_FRACTION]
 
 
-def coherence_examples(docs, seed: int = 0) -> list[dict[str, Any]]:
-  """Sentence pairs: B follows A in its document (1) or comes from another (0),
-  half and half, drawn with a fixed generator."""
+def coherence_examples(docs, seed: int = 0, sentences: int = 2) -> list[dict[str, Any]]:
+  """Pairs of passages of ``sentences`` sentences: B follows A in its document
+  (label 1) or is a passage of another document (0), half and half, drawn
+  with a fixed generator. A starts at every sentence that leaves room for B."""
   rng = np.random.default_rng(seed)
   out = []
   for d, (_, sents) in enumerate(docs):
-    for i in range(len(sents) - 1):
+    for i in range(len(sents) - sentences):
+      a = " ".join(sents[i:i + sentences])
       if len(docs) > 1 and rng.random() < 0.5:
         other = int(rng.integers(len(docs) - 1))
         other += other >= d
         pool = docs[other][1]
-        out.append({"text_a": sents[i], "text_b": pool[int(rng.integers(len(pool)))],
-                    "label": 0})
+        j = int(rng.integers(max(len(pool) - sentences, 0) + 1))
+        out.append({"text_a": a, "text_b": " ".join(pool[j:j + sentences]), "label": 0})
       else:
-        out.append({"text_a": sents[i], "text_b": sents[i + 1], "label": 1})
+        out.append({"text_a": a, "text_b": " ".join(sents[i + sentences:i + 2 * sentences]),
+                    "label": 1})
   return out
 
 

@@ -12,7 +12,9 @@ Heads (``head.kind``):
   sequence  [batch, num_outputs] logits (classification) or scores
             (regression, num_outputs = 1) from the first token's hidden state
             (dense -> tanh -> dropout -> dense, as RoBERTa/ELECTRA fine-tune)
-            or from the encoder's pooler (``pooling='pooler'``, BERT's).
+            or the mean over real tokens (``pooling='mean'``, what
+            sentence-transformers models such as all-MiniLM-L6-v2 are trained
+            for), or the encoder's pooler (``pooling='pooler'``, BERT's).
   token     [batch, length, num_outputs] logits (tagging).
   span      [batch, length, 2] start/end logits (extractive QA).
 """
@@ -28,7 +30,7 @@ import jax.numpy as jnp
 from bertjax.models import layers
 
 KINDS = ("sequence", "token", "span")
-POOLINGS = ("first", "pooler")
+POOLINGS = ("first", "mean", "pooler")
 
 
 def _dense(features: int, name: str, out_axis: str | None = None) -> nn.Dense:
@@ -54,9 +56,10 @@ class TaskHead(nn.Module):
   dropout_rate: float = 0.1
 
   @nn.compact
-  def __call__(self, encoded: Mapping[str, jax.Array],
+  def __call__(self, encoded: Mapping[str, jax.Array], real: jax.Array,
                deterministic: bool) -> jax.Array:
-    """float32 logits; shapes in the module docstring."""
+    """float32 logits (module docstring); ``real`` bool [batch, length] marks
+    the non-padding tokens."""
     hidden = encoded["hidden"].astype(jnp.float32)
     drop = nn.Dropout(self.dropout_rate)
     if self.kind == "sequence":
@@ -66,7 +69,12 @@ class TaskHead(nn.Module):
               "This encoder has no pooler; set --config.pooling=first.")
         x = encoded["pooled"].astype(jnp.float32)
       else:
-        x = drop(hidden[:, 0], deterministic)
+        if self.pooling == "mean":
+          w = real[..., None].astype(jnp.float32)
+          x = jnp.sum(hidden * w, 1) / jnp.maximum(jnp.sum(w, 1), 1.0)
+        else:
+          x = hidden[:, 0]
+        x = drop(x, deterministic)
         x = jnp.tanh(_dense(hidden.shape[-1], "dense")(x))
       return _dense(self.num_outputs, "out")(drop(x, deterministic))
     if self.kind == "token":
@@ -91,7 +99,8 @@ class FineTuneModel(nn.Module):
   def __call__(self, inputs: Mapping[str, jax.Array],
                deterministic: bool = True) -> dict[str, Any]:
     encoded = self.encoder(inputs, deterministic)
-    return {"logits": self.head(encoded, deterministic),
+    real = inputs["doc_ids"] != 0
+    return {"logits": self.head(encoded, real, deterministic),
             "hidden": encoded["hidden"]}
 
 
