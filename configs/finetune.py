@@ -38,7 +38,8 @@ def get_config(arg: str = "coherence") -> ml_collections.ConfigDict:
   c.seq_len = 384 if task == "squad" else 128
   c.doc_stride = 128 if task == "squad" else 32  # QA: tokens between window starts
   c.max_query_tokens = 64  # QA: the question is cut to this many tokens
-  c.max_answer_tokens = 30  # QA: longest answer span decoded
+  # QA: longest answer span decoded (a cloze answer is one word: a few pieces)
+  c.max_answer_tokens = 8 if task == "cloze_qa" else 30
 
   c.batch_size = 32
   c.num_epochs = 3.0

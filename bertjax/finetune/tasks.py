@@ -149,16 +149,17 @@ def cloze_examples(docs, seed: int = 0) -> list[dict[str, Any]]:
 
 def _tfds_examples(name: str, split: str, data_dir: str) -> list[dict[str, Any]]:
   import tensorflow_datasets as tfds
+  where = data_dir or tfds.core.constants.DATA_DIR
+  how = (f"prepare it once where there is network (`tfds build {name} --data_dir=DIR`) "
+         "and pass --config.tfds_data_dir=DIR (bertjax never downloads)")
   try:
     builder = tfds.builder(name, data_dir=data_dir or None)
-  except Exception as e:  # noqa: BLE001 — an unknown name or a missing module
-    raise ValueError(f"TFDS has no dataset {name!r} ({type(e).__name__}); "
-                     "check the task name in --config.") from None
+  except tfds.core.registered.DatasetNotFoundError:
+    # TFDS raises this both for unknown names and for known ones whose code
+    # it cannot load here; either way the prepared files are not there.
+    raise ValueError(f"TFDS dataset {name} is not prepared in {where}; {how}.") from None
   if not builder.is_prepared():
-    raise ValueError(
-        f"TFDS dataset {name} is not prepared in {data_dir or tfds.core.constants.DATA_DIR}; "
-        f"prepare it once where there is network (`tfds build {name} "
-        "--data_dir=DIR`) and pass --config.tfds_data_dir=DIR (bertjax never downloads).")
+    raise ValueError(f"TFDS dataset {name} is not prepared in {where}; {how}.")
   if split not in builder.info.splits:
     raise ValueError(f"TFDS dataset {name} has no split {split!r}; it has "
                      f"{', '.join(builder.info.splits)}.")
