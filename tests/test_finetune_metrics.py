@@ -131,3 +131,38 @@ def test_window_arguments_are_checked():
   with pytest.raises(ValueError, match="seq_len"):
     qa.windows(0, np.arange(10), ids, offsets, None, seq_len=8, doc_stride=1,
                max_query_tokens=10)
+
+
+def test_layerwise_decay_factors_by_depth():
+  from bertjax.finetune import loop
+  leaf = np.zeros((2, 3))
+  params = {"encoder": {"embeddings": {"word_embeddings": {"embedding": leaf}},
+                        "encoder": {"layer_0": {"k": leaf}, "layer_1": {"k": leaf}},
+                        "pooler": {"kernel": leaf}},
+            "head": {"out": {"kernel": leaf}}}
+  f = loop.layerwise_scales(params, 0.5)
+  assert float(f["head"]["out"]["kernel"]) == 1.0
+  assert float(f["encoder"]["encoder"]["layer_1"]["k"]) == 0.5  # top layer: decay^1
+  assert float(f["encoder"]["encoder"]["layer_0"]["k"]) == 0.25
+  assert float(f["encoder"]["embeddings"]["word_embeddings"]["embedding"]) == 0.125
+  scanned = {"encoder": {"encoder": {"layers": {"k": np.zeros((3, 4, 4))}}}}
+  g = loop.layerwise_scales(scanned, 0.5)["encoder"]["encoder"]["layers"]["k"]
+  assert np.asarray(g).reshape(-1).tolist() == [0.125, 0.25, 0.5]
+
+
+@pytest.mark.parametrize("variant", ["bert", "albert", "deberta", "electra"])
+def test_one_head_fits_every_encoder(variant):
+  import jax
+  from bertjax import config_files, models
+  from bertjax.finetune import objective
+  from bertjax.models import heads
+  config = config_files.shipped(variant).get_config("tiny")
+  config.seq_len = 16
+  tokens = np.tile(np.array([[2, 9, 10, 11, 3, 12, 13, 3] + [0] * 8], np.int32), (2, 1))
+  inputs = objective.model_inputs({"tokens": tokens, "segment_ids": np.zeros_like(tokens)})
+  for kind, outputs, shape in (("sequence", 3, (2, 3)), ("token", 5, (2, 16, 5)),
+                               ("span", 2, (2, 16, 2))):
+    model = heads.build(models.get_model(config), kind, outputs)
+    params = model.init(jax.random.key(0), inputs)["params"]
+    assert set(params) == {"encoder", "head"}
+    assert model.apply({"params": params}, inputs)["logits"].shape == shape
