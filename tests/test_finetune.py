@@ -133,3 +133,41 @@ def test_fill_mask_places_masks_and_ranks_fillings(pretrained):
                              or model.tokenizer.id_to_piece(int(np.argmax(row))))
   with pytest.raises(ValueError, match=r"has no \[MASK\]"):
     fill_mask.fill_mask(model, "nothing to fill")
+
+
+def test_local_csv_and_conll_files_learn_a_visible_rule(pretrained, tmp_path):
+  """Labels that a rule on the words decides (an 'error' word makes a row
+  'bad'; numbers are B-NUM): fine-tuning from local files must find it."""
+  import csv
+  import random
+  rng = random.Random(0)
+  words = "the a module function value list string file class method returns".split()
+  for split, n in (("train", 512), ("dev", 128)):
+    with open(tmp_path / f"{split}.csv", "w", newline="") as f:
+      w = csv.writer(f)
+      w.writerow(["sentence", "label"])
+      for _ in range(n):
+        ws = [rng.choice(words) for _ in range(8)]
+        bad = rng.random() < 0.5
+        if bad:
+          ws[rng.randrange(8)] = "error"
+        w.writerow([" ".join(ws), "bad" if bad else "ok"])
+    with open(tmp_path / f"{split}.conll", "w") as f:
+      for _ in range(n):
+        for _ in range(8):
+          f.write(f"{rng.randrange(100)} B-NUM\n" if rng.random() < 0.2
+                  else f"{rng.choice(words)} O\n")
+        f.write("\n")
+  kw = dict(seq_len=32, learning_rate=1e-3, num_epochs=1.0)
+  table = loop.run(_finetune_config("local", train_files=str(tmp_path / "train.csv"),
+                                    eval_files=str(tmp_path / "dev.csv"), **kw),
+                   pretrained, str(tmp_path / "csv"))
+  tags = loop.run(_finetune_config("local", train_files=str(tmp_path / "train.conll"),
+                                   eval_files=str(tmp_path / "dev.conll"), **kw),
+                  pretrained, str(tmp_path / "conll"))
+  # 128 balanced rows: chance is 0.5, 0.9 is 9 standard errors above it.
+  assert table["accuracy"] > 0.9, table
+  assert tags["entity_f1"] > 0.9, tags
+  first = json.loads((tmp_path / "conll" / "predictions_validation.jsonl")
+                     .read_text().splitlines()[0])
+  assert len(first["prediction"]) == len(first["words"]) == 8
