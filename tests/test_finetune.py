@@ -158,7 +158,7 @@ def test_local_csv_and_conll_files_learn_a_visible_rule(pretrained, tmp_path):
           f.write(f"{rng.randrange(100)} B-NUM\n" if rng.random() < 0.2
                   else f"{rng.choice(words)} O\n")
         f.write("\n")
-  kw = dict(seq_len=32, learning_rate=1e-3, num_epochs=1.0)
+  kw = dict(seq_len=32, learning_rate=1e-3, num_epochs=3.0)
   table = loop.run(_finetune_config("local", train_files=str(tmp_path / "train.csv"),
                                     eval_files=str(tmp_path / "dev.csv"), **kw),
                    pretrained, str(tmp_path / "csv"))
@@ -171,3 +171,18 @@ def test_local_csv_and_conll_files_learn_a_visible_rule(pretrained, tmp_path):
   first = json.loads((tmp_path / "conll" / "predictions_validation.jsonl")
                      .read_text().splitlines()[0])
   assert len(first["prediction"]) == len(first["words"]) == 8
+
+
+def test_tokenizer_offsets_point_at_each_piece(pretrained):
+  import bertjax
+  tok = bertjax.load(pretrained).tokenizer
+  text = "The  quick-brown fox said: na\u00efve \u65e5\u672c text."
+  ids, offsets = tok.encode_with_offsets(text)
+  assert ids.tolist() == tok.encode(text)[0].tolist()
+  assert np.all(np.diff(offsets[:, 0]) >= 0) and offsets.max() <= len(text)
+  for i, (a, b) in zip(ids, offsets):
+    piece = tok.id_to_piece(i)
+    if not piece.startswith("<0x"):  # byte pieces: checked through the characters below
+      assert text[a:b] == piece.lstrip("\u2581"), (piece, text[a:b])
+  covered = "".join(text[a:b] for a, b in offsets)
+  assert covered == "".join(text.split())  # every non-space character, once, in order

@@ -133,8 +133,8 @@ class Tokenizer:
   def encode_with_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray]:
     """ids int32 [n] and each piece's [begin, end) characters int32 [n, 2] in
     ``text`` (fine-tuning maps QA answers and tags through them). A word's
-    leading space belongs to no piece; a piece that covers part of a
-    character (byte fallback) gets the whole character."""
+    leading space belongs to no piece; of the byte pieces of one character
+    (byte fallback) the last gets the character and the others an empty span."""
     proto = self._sp.encode(text, return_type="proto")
     # sentencepiece reports UTF-8 byte offsets; map them to characters.
     char_of_byte = np.repeat(np.arange(len(text) + 1),
