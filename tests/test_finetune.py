@@ -82,18 +82,25 @@ def test_resume_is_exact(pretrained, tmp_path):
           == (tmp_path / "whole" / "predictions_validation.jsonl").read_text())
 
 
-def test_bad_task_input_is_refused_in_one_sentence(pretrained, tmp_path):
+def test_bad_task_input_is_refused_before_the_init_is_read(tmp_path):
+  # The init does not exist: each refusal names the task's problem, so the
+  # task was checked first, and no workdir was created.
+  init = str(tmp_path / "no-such-init")
   with pytest.raises(ValueError, match="train_files"):
-    loop.run(_finetune_config("local"), pretrained, str(tmp_path / "a"))
+    loop.run(_finetune_config("local"), init, str(tmp_path / "a"))
   train = tmp_path / "train.csv"
   train.write_text("text,label\nok,pos\n")
   with pytest.raises(ValueError, match="no column 'sentence'"):
     loop.run(_finetune_config("local", train_files=str(train), eval_files=str(train)),
-             pretrained, str(tmp_path / "b"))
+             init, str(tmp_path / "b"))
   with pytest.raises(ValueError, match="not prepared"):
     loop.run(_finetune_config("glue/cola", tfds_data_dir=str(tmp_path / "tfds")),
-             pretrained, str(tmp_path / "c"))
-  assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+             init, str(tmp_path / "c"))
+  with pytest.raises(ValueError, match="pooling"):
+    loop.run(_finetune_config("coherence", pooling="max"), init, str(tmp_path / "d"))
+  with pytest.raises(ValueError, match="neither a bertjax workdir"):
+    loop.run(_finetune_config("coherence"), init, str(tmp_path / "e"))
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["train.csv"]
 
 
 def test_minilm_beats_a_random_model_of_its_size(tmp_path):

@@ -193,6 +193,9 @@ def _check(config) -> None:
     raise ValueError(f"layer_decay {config.layer_decay} must be in (0, 1]; 1 turns it off.")
   if not 0.0 <= config.warmup_fraction < 1.0:
     raise ValueError(f"warmup_fraction {config.warmup_fraction} must be in [0, 1).")
+  if config.pooling not in heads.POOLINGS:
+    raise ValueError(f"Unknown pooling {config.pooling!r}; set --config.pooling to one of "
+                     f"{', '.join(heads.POOLINGS)}.")
 
 
 # ------------------------------------------------------------------ evaluation
@@ -283,12 +286,14 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
     'best': {'step', <main metric>}}``, or None when stopped early.
   """
   _check(config)
-  fields, loaded, tokenizer = load_init(init)
+  # The task's files are read before the init's weights: bad task input is
+  # refused before anything is loaded onto a device.
   task = tasks_lib.load(config)
   if config.max_train_examples:
     task.train = task.train[:config.max_train_examples]
   if config.max_eval_examples:
     task.eval = task.eval[:config.max_eval_examples]
+  fields, loaded, tokenizer = load_init(init)
   separators, single = _encoder_layout(fields)
   encoder = features_lib.Encoder(tokenizer, config.seq_len, pair_separators=separators,
                                  single_segment=single)
