@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import hashlib
 import io
 import json
@@ -94,11 +95,14 @@ def _stable_fraction(name: str) -> float:
   return int.from_bytes(digest[:8], "big") / 2**64
 
 
-def _demo_documents() -> tuple[list, list]:
+@functools.lru_cache(maxsize=1)
+def _demo_documents() -> tuple[tuple, tuple]:
+  """(train, eval) documents; parsed once per process (the stdlib's docstrings
+  take seconds to read), immutable so that the cached copy stays as read."""
   from bertjax.data import python_docs
-  docs = list(python_docs.documents("validation"))
-  train = [d for d in docs if _stable_fraction(d[0]) < DEMO_TRAIN_FRACTION]
-  return train, [d for d in docs if _stable_fraction(d[0]) >= DEMO_TRAIN_FRACTION]
+  docs = [(name, tuple(sents)) for name, sents in python_docs.documents("validation")]
+  return (tuple(d for d in docs if _stable_fraction(d[0]) < DEMO_TRAIN_FRACTION),
+          tuple(d for d in docs if _stable_fraction(d[0]) >= DEMO_TRAIN_FRACTION))
 
 
 def coherence_examples(docs, seed: int = 0, sentences: int = 2) -> list[dict[str, Any]]:
