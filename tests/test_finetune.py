@@ -149,7 +149,7 @@ def test_local_csv_and_conll_files_learn_a_visible_rule(pretrained, tmp_path):
   import random
   rng = random.Random(0)
   words = "the a module function value list string file class method returns".split()
-  for split, n in (("train", 512), ("dev", 128)):
+  for split, n in (("train", 256), ("dev", 128)):
     with open(tmp_path / f"{split}.csv", "w", newline="") as f:
       w = csv.writer(f)
       w.writerow(["sentence", "label"])
