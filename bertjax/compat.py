@@ -58,7 +58,10 @@ _LAYOUT_FIELDS = (
     # XLNet's relative distance clamp (configs/xlnet.py)
     "clamp_len",
     # What an import from Hugging Face records (bertjax/convert/workdir.py).
-    "hf_special_ids", "hf_model_type", "hf_position_offset")
+    "hf_special_ids", "hf_model_type", "hf_position_offset",
+    # Fine-tuning (configs/finetune.py): the task and its head.
+    "task", "task_kind", "num_labels", "text_fields", "label_field", "label_names",
+    "pooling", "random_init")
 _STREAM_FIELDS = (
     # data source and packing
     "dataset", "text_files", "text_feature", "train_split", "layout",
@@ -82,7 +85,11 @@ _STREAM_FIELDS = (
     "warmup_steps", "adam_b1", "adam_b2", "adam_eps", "weight_decay",
     "grad_clip_norm",
     # segment ids all 0 (imported RoBERTa, bertjax/convert/roberta.py)
-    "single_segment")
+    "single_segment",
+    # Fine-tuning (configs/finetune.py): its data, rows and schedule.
+    "train_files", "eval_files", "doc_stride", "max_query_tokens", "head_dropout",
+    "num_epochs", "warmup_fraction", "layer_decay", "steps_per_epoch",
+    "max_train_examples")
 _SAFE_FIELDS = (
     # Paths move; what they hold is checked by the tokenizer fingerprint.
     "data_dir", "tokenizer_path", "hf_kept_tensors",
@@ -97,7 +104,9 @@ _SAFE_FIELDS = (
     "num_train_steps", "log_every_steps", "checkpoint_every_steps",
     "keep_checkpoints", "eval_split", "eval_every_steps", "eval_max_batches",
     "eval_seed", "nonfinite", "max_consecutive_skips", "debug_nan_step",
-    "allow_changes", "restart_from_scratch")
+    "allow_changes", "restart_from_scratch",
+    # Fine-tuning: where TFDS tasks live, decoding, which metric picks the best.
+    "tfds_data_dir", "max_answer_tokens", "main_metric", "max_eval_examples")
 
 # The one table: config field -> LAYOUT, STREAM or SAFE.
 FIELDS: dict[str, str] = {

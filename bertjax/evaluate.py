@@ -4,7 +4,14 @@ r"""Evaluates a checkpoint on the held-out split.
 
 Restores the latest checkpoint (or ``--step``), runs the eval split with the
 fixed masking seed ``config.eval_seed``, writes ``workdir/eval_<step>.json`` and
-prints the same record as one JSON line, the last line of output.
+prints the same record as one JSON line, the last line of output. The record
+holds every metric the config's objective reports (MLM, NSP/SOP, SBO, ELECTRA's
+discriminator ...).
+
+  python -m bertjax.evaluate --workdir=/tmp/bertjax-demo --fill_mask "The [MASK] statement returns a value."
+
+prints, for each [MASK], the checkpoint's top-k fillings with their
+probabilities (one JSON line); --config is not needed for it.
 """
 
 import json
@@ -20,12 +27,26 @@ _CONFIG = config_files.define_config_flag(
     "Config file, e.g. configs/bert.py:tiny (bertjax's own if not found here).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Workdir holding the checkpoints.")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step; default the latest.")
-flags.mark_flags_as_required(["config", "workdir"])
+_FILL_MASK = flags.DEFINE_string(
+    "fill_mask", None, 'Text with [MASK]: print the top-k fillings instead of evaluating.')
+_TOP_K = flags.DEFINE_integer("top_k", 5, "Fillings printed per [MASK].")
+flags.mark_flags_as_required(["workdir"])
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  if _FILL_MASK.value is not None:
+    import bertjax
+    from bertjax import fill_mask
+    model = bertjax.load(_WORKDIR.value, _STEP.value)
+    fillings = fill_mask.fill_mask(model, _FILL_MASK.value, _TOP_K.value)
+    for k, options in enumerate(fillings):
+      print(f"[MASK] {k + 1}: " + "  ".join(f"{t!r} {p:.3f}" for t, p in options))
+    print(json.dumps({"text": _FILL_MASK.value, "fillings": fillings}), flush=True)
+    return
+  if _CONFIG.value is None:
+    raise app.UsageError("--config is required to evaluate (only --fill_mask does without).")
   record = evaluation.evaluate_checkpoint(_CONFIG.value, _WORKDIR.value, _STEP.value)
   print(json.dumps(record), flush=True)
 

@@ -267,6 +267,17 @@ class HfTokenizer:
     starts[:1] = True  # the first piece of a text always begins a word
     return ids, starts
 
+  def encode_with_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+    """bertjax ids int32 [n] and character spans int32 [n, 2] of one text."""
+    if self._kind == "sentencepiece":
+      raise ValueError(
+          f"The sentencepiece tokenizer of {self.path} gives no character offsets "
+          "here; fine-tune extractive QA or tagging from a model with a "
+          "tokenizer.json (WordPiece or BPE).")
+    encoding = self._tok.encode(text, add_special_tokens=False)
+    ids = self._to_bertjax[np.asarray(encoding.ids, np.int64)].astype(np.int32)
+    return ids, np.asarray(encoding.offsets, np.int32).reshape(-1, 2)
+
   def word_starts(self, ids: np.ndarray) -> np.ndarray:
     """bool [n]: whether each id's piece begins a word."""
     return self._word_start[np.asarray(ids)]

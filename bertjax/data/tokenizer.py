@@ -133,6 +133,24 @@ class Tokenizer:
     return [np.asarray(ids, dtype=np.int32)
             for ids in self._sp.encode(texts, num_threads=1)]
 
+  def encode_with_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+    """ids int32 [n] and each piece's [begin, end) characters int32 [n, 2] in
+    ``text`` (fine-tuning maps QA answers and tags through them). A word's
+    leading space belongs to no piece; of the byte pieces of one character
+    (byte fallback) the last gets the character and the others an empty span."""
+    proto = self._sp.encode(text, return_type="proto")
+    # sentencepiece reports UTF-8 byte offsets; map them to characters.
+    char_of_byte = np.repeat(np.arange(len(text) + 1),
+                             [len(c.encode("utf-8")) for c in text] + [1])
+    ids = np.array([p.id for p in proto.pieces], np.int32)
+    offsets = np.array([[char_of_byte[p.begin], char_of_byte[p.end]]
+                        for p in proto.pieces], np.int32).reshape(-1, 2)
+    for k in range(len(offsets)):  # the '▁' of a word start is its space
+      while offsets[k, 0] < offsets[k, 1] and text[offsets[k, 0]].isspace():
+        offsets[k, 0] += 1
+      offsets[k, 1] = max(offsets[k, 1], offsets[k, 0])
+    return ids, offsets
+
   def word_starts(self, ids: np.ndarray) -> np.ndarray:
     """bool [n]: whether each id's piece begins a word."""
     return self._word_start[np.asarray(ids)]

@@ -1,0 +1,3 @@
+"""Fine-tuning pretrained encoders on tasks: ``bertjax.finetune.run``."""
+
+from bertjax.finetune.loop import run  # noqa: F401

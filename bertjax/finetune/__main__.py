@@ -1,0 +1,32 @@
+r"""Fine-tunes a pretrained encoder on a task.
+
+  python -m bertjax.finetune --config=configs/finetune.py:coherence \
+      --init=/tmp/bertjax-demo --workdir=/tmp/ft-coherence
+
+``--init`` is a bertjax workdir (its latest checkpoint) or a Hugging Face model
+directory; the tokenizer comes with it. Prints progress lines and, last, the
+final evaluation as one JSON line; run again to resume.
+"""
+
+from absl import app
+from absl import flags
+
+from bertjax import cli
+from bertjax import config_files
+
+_CONFIG = config_files.define_config_flag(
+    "Task config, e.g. configs/finetune.py:coherence (bertjax's own if not found here).")
+_INIT = flags.DEFINE_string("init", None, "bertjax workdir or Hugging Face model directory.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints and metrics go.")
+flags.mark_flags_as_required(["config", "init", "workdir"])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  from bertjax.finetune import loop
+  loop.run(_CONFIG.value, _INIT.value, _WORKDIR.value)
+
+
+if __name__ == "__main__":
+  cli.run(main)

