@@ -193,30 +193,12 @@ class Model:
       first: ``token_id`` (bertjax id), ``token`` (its piece) and ``score``
       (softmax probability over the whole vocabulary).
     """
-    mask_text = batch_lib.SPECIAL_TOKENS[batch_lib.MASK_ID]
-    parts = text.split(mask_text)
-    if len(parts) < 2:
-      raise ValueError(f"{text!r} holds no {mask_text}; write {mask_text} "
-                       "where a token should be predicted.")
+    from bertjax import fill_mask as fill_mask_lib
+    inputs, where = fill_mask_lib.mask_inputs(self, text)
     if not self.has_mlm_head:
       raise ValueError("This checkpoint has no MLM head to fill masks with; "
                        "load a pretrained masked-LM checkpoint instead.")
-    ids = [batch_lib.CLS_ID]
-    for i, part in enumerate(parts):
-      if part.strip():
-        ids += [int(t) for t in self.tokenizer.encode_batch([part])[0]]
-      if i < len(parts) - 1:
-        ids.append(batch_lib.MASK_ID)
-    ids.append(batch_lib.SEP_ID)
-    limit = int(self.config["max_position_embeddings"])
-    if len(ids) > limit:
-      raise ValueError(f"The text is {len(ids)} tokens long, above the model's "
-                       f"{limit} positions; shorten it.")
-    tokens = np.asarray([ids], np.int32)
-    inputs = {"tokens": tokens, "segment_ids": np.zeros_like(tokens),
-              "positions": np.arange(len(ids), dtype=np.int32)[None],
-              "doc_ids": np.ones_like(tokens)}
-    logits = self.run(inputs)["mlm_logits"][0, tokens[0] == batch_lib.MASK_ID]
+    logits = self.run(inputs)["mlm_logits"][0, where]
     probs = np.exp(logits - logits.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
     ranked = probs.copy()

@@ -38,11 +38,11 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   if _FILL_MASK.value is not None:
     import bertjax
-    from bertjax import fill_mask
     model = bertjax.load(_WORKDIR.value, _STEP.value)
-    fillings = fill_mask.fill_mask(model, _FILL_MASK.value, _TOP_K.value)
+    fillings = model.fill_mask(_FILL_MASK.value, _TOP_K.value)
     for k, options in enumerate(fillings):
-      print(f"[MASK] {k + 1}: " + "  ".join(f"{t!r} {p:.3f}" for t, p in options))
+      print(f"[MASK] {k + 1}: " + "  ".join(
+          f"{o['token']!r} {o['score']:.3f}" for o in options))
     print(json.dumps({"text": _FILL_MASK.value, "fillings": fillings}), flush=True)
     return
   if _CONFIG.value is None:

@@ -1,5 +1,5 @@
-"""Top-k fillings of ``[MASK]`` in a text, the first thing one tries on a
-pretrained masked-LM (``python -m bertjax.evaluate --fill_mask "..."``).
+"""The model inputs of a text written with ``[MASK]``, for ``Model.fill_mask``
+(bertjax/api.py) and ``python -m bertjax.evaluate --fill_mask "..."``.
 
 ``[MASK]`` in the text is the mask token (id ``batch.MASK_ID``); no tokenizer
 can produce it from text, so the text is cut at each ``[MASK]``, the pieces
@@ -19,7 +19,7 @@ def mask_inputs(model, text: str) -> tuple[dict[str, np.ndarray], np.ndarray]:
   """(model inputs of one row [CLS] ... [SEP], int [m] positions of the masks)."""
   parts = text.split(MASK_TEXT)
   if len(parts) < 2:
-    raise ValueError(f"--fill_mask text {text!r} has no {MASK_TEXT}; put {MASK_TEXT} "
+    raise ValueError(f"The text {text!r} has no {MASK_TEXT}; put {MASK_TEXT} "
                      "where a word should be predicted.")
   ids = [batch_lib.CLS_ID]
   for k, part in enumerate(parts):
@@ -37,23 +37,3 @@ def mask_inputs(model, text: str) -> tuple[dict[str, np.ndarray], np.ndarray]:
             "positions": np.arange(len(ids), dtype=np.int32)[None],
             "doc_ids": np.ones_like(tokens)}
   return inputs, np.nonzero(tokens[0] == batch_lib.MASK_ID)[0]
-
-
-def fill_mask(model, text: str, top_k: int = 5) -> list[list[tuple[str, float]]]:
-  """For each ``[MASK]`` of ``text``, the ``top_k`` (token text, probability)
-  under ``model`` (a ``bertjax.load``ed Model), most probable first."""
-  if not model.has_mlm_head:
-    raise ValueError("This checkpoint has no masked-LM head (an encoder-only import); "
-                     "--fill_mask needs a model pretrained with MLM.")
-  inputs, where = mask_inputs(model, text)
-  logits = model.run(inputs)["mlm_logits"][0, where].astype(np.float64)
-  # Special tokens are never a filling.
-  logits[:, :batch_lib.NUM_SPECIAL_TOKENS] = -np.inf
-  probs = np.exp(logits - logits.max(-1, keepdims=True))
-  probs /= probs.sum(-1, keepdims=True)
-  out = []
-  for row in probs:
-    best = np.argsort(-row, kind="stable")[:top_k]
-    out.append([(model.tokenizer.decode([int(i)]) or model.tokenizer.id_to_piece(int(i)),
-                 float(row[i])) for i in best])
-  return out

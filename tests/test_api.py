@@ -113,5 +113,5 @@ def test_fill_mask_ranks_by_the_mlm_head(demo_config, demo_data):
     scores = [p["score"] for p in predictions]
     assert scores == sorted(scores, reverse=True) and len(scores) == 3
     assert all(p["token_id"] >= batch_lib.NUM_SPECIAL_TOKENS for p in predictions)
-  with pytest.raises(ValueError, match="holds no \\[MASK\\]"):
+  with pytest.raises(ValueError, match="has no \\[MASK\\]"):
     model.fill_mask("Nothing to fill.")

@@ -4,7 +4,6 @@ the real all-MiniLM-L6-v2 on sentence coherence against a random model of its
 size."""
 
 import json
-import math
 
 import numpy as np
 import pytest
@@ -127,19 +126,18 @@ def test_fill_mask_places_masks_and_ranks_fillings(pretrained):
           + [batch_lib.MASK_ID] + enc(".") + [batch_lib.SEP_ID])
   assert inputs["tokens"][0].tolist() == want
   assert where.tolist() == [i for i, t in enumerate(want) if t == batch_lib.MASK_ID]
-  fillings = fill_mask.fill_mask(model, "The [MASK] statement returns [MASK].", top_k=4)
+  fillings = model.fill_mask("The [MASK] statement returns [MASK].", top_k=4)
   assert [len(f) for f in fillings] == [4, 4]
   logits = model.run(inputs)["mlm_logits"][0]
   for options, pos in zip(fillings, where):
-    probs = [p for _, p in options]
+    probs = [o["score"] for o in options]
     assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1
     # The best filling is the arg-max of the MLM logits over non-special ids.
     row = logits[pos].copy()
     row[:batch_lib.NUM_SPECIAL_TOKENS] = -np.inf
-    assert options[0][0] == (model.tokenizer.decode([int(np.argmax(row))])
-                             or model.tokenizer.id_to_piece(int(np.argmax(row))))
+    assert options[0]["token_id"] == int(np.argmax(row))
   with pytest.raises(ValueError, match=r"has no \[MASK\]"):
-    fill_mask.fill_mask(model, "nothing to fill")
+    model.fill_mask("nothing to fill")
 
 
 def test_local_csv_and_conll_files_learn_a_visible_rule(pretrained, tmp_path):
