@@ -17,9 +17,10 @@ At scale the units of work run on ``config.prepare_workers`` local processes,
 or on Apache Beam (the beam extra) with the same output:
 
   python -m bertjax.prepare --config=... --workdir=... --beam_runner=DirectRunner
-  python -m bertjax.prepare --config=... --workdir=gs://bucket/run \
-      --beam_runner=DataflowRunner --beam_options=--project=P,--region=R,\
---temp_location=gs://bucket/tmp,--setup_file=./setup.py
+
+A gs:// data_dir is prepared through a local mirror (bertjax/paths.py) by
+local workers or DirectRunner; a distributed runner needs a data_dir on a
+disk its workers share (its workers cannot read ArrayRecord from GCS).
 """
 
 import sys

@@ -121,3 +121,15 @@ def test_gs_workdir_and_data_dir_prepare_train_kill_resume_evaluate(
       "hf/config.json", "hf/model.safetensors", "hf/spiece.model"}
   np.testing.assert_array_equal(api.load(f"{bucket}/hf").embed(text),
                                 api.load(str(tmp_path / "hf")).embed(text))
+
+
+def test_distributed_beam_runner_refuses_a_gs_data_dir(demo_config, tmp_path,
+                                                       monkeypatch):
+  # Its workers could not read ArrayRecord from GCS: one sentence, nothing
+  # written (not even a local "gs:" directory), no network touched.
+  from bertjax.data import prepare
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(ValueError, match=r"DataflowRunner cannot prepare into a gs://"):
+    prepare.prepare(demo_config, "gs://no-such-bucket/data",
+                    beam_runner="DataflowRunner")
+  assert os.listdir(tmp_path) == []

@@ -340,9 +340,15 @@ def prepare(config, data_dir: str, *, beam_runner: str = "",
            if config.get("knowledge_spans", False) else None)
   engine = engine_of(config, beam_runner, beam_options)
   try:
-    # On Beam every worker writes to the data_dir itself (staged.py uploads
-    # each finished shard), so only local engines go through a mirror.
-    if paths.is_remote(data_dir) and not engine.beam_runner:
+    if paths.is_remote(data_dir):
+      if engine.beam_runner not in ("", "DirectRunner"):
+        # Its workers would have to read the text dataset and tokenizer from
+        # GCS, where ArrayRecord cannot read (bertjax/paths.py).
+        raise ValueError(
+            f"--beam_runner={engine.beam_runner} cannot prepare into a gs:// "
+            f"data_dir ({data_dir}) yet; prepare with local workers or "
+            "--beam_runner=DirectRunner (the data_dir is then mirrored and "
+            "uploaded), or into a data_dir on a disk the workers share.")
       return _prepare_mirrored(config, data_dir, spans, engine)
     return _prepare(config, data_dir, spans, engine)
   finally:
