@@ -48,36 +48,43 @@ from launch import topologies
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXIT_PREEMPTED = 75  # bertjax.guards.EXIT_PREEMPTED (not imported: no JAX here)
 
-_NAME = flags.DEFINE_string("name", None, "TPU VM (and queued resource) name.")
-_ZONE = flags.DEFINE_string("zone", None, "Zone, e.g. us-east5-a (v5p) or us-west4-a (v5e).")
-_PROJECT = flags.DEFINE_string("project", "", "Google Cloud project ('' = gcloud's default).")
-_ACCELERATOR = flags.DEFINE_string(
-    "accelerator_type", None, "Cloud TPU type, e.g. v4-32, v5litepod-16, v5p-128, v6e-8.")
-_RUNTIME = flags.DEFINE_string(
-    "runtime_version", "", "TPU VM software version ('' = the generation's default "
-    "from launch/topologies.py, e.g. v2-alpha-tpuv5 for v5p).")
-_SPOT = flags.DEFINE_bool("spot", False, "Spot capacity: cheaper, can be preempted.")
-_QUEUED = flags.DEFINE_bool(
-    "queued", False, "Request the slice as a queued resource and wait in the queue.")
-_CONFIG = flags.DEFINE_string(
-    "config", None, "Config spec inside the repository, e.g. configs/bert.py:large.")
-_WORKDIR = flags.DEFINE_string("workdir", None, "gs:// run directory shared by all workers.")
-_REPO = flags.DEFINE_string("repo", "", "Git URL the workers clone ('' = this checkout's origin).")
-_REV = flags.DEFINE_string(
-    "rev", "", "Commit the workers check out ('' = this checkout's HEAD, which "
-    "must be clean and pushed).")
-_ALLOW_DIRTY = flags.DEFINE_bool(
-    "allow_dirty", False, "Launch HEAD although the checkout has uncommitted changes.")
-_MAX_RESTARTS = flags.DEFINE_integer(
-    "max_restarts", 0, "Re-run after a preemption (exit 75 or a lost slice) this many times.")
-_DELETE = flags.DEFINE_bool("delete_at_end", False, "Delete the slice when the run ends.")
-_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the commands instead of running them.")
-_POLL = flags.DEFINE_integer("poll_seconds", 30, "Seconds between state checks.")
-_READY_TIMEOUT = flags.DEFINE_integer(
-    "ready_timeout_minutes", 180, "Give up when the slice is not ready after this long.")
-_GKE = flags.DEFINE_bool("gke_manifest", False, "Print a GKE JobSet manifest and exit.")
-_GKE_IMAGE = flags.DEFINE_string(
-    "gke_image", "python:3.11", "Container image of the GKE pods (needs git, python3, pip).")
+def _define_flags() -> None:
+  """Defines the launcher's flags; only when run as a program, so that
+  importing this module (tests, other tools) adds nothing to absl's
+  global flags, where bertjax's binaries define --config and --workdir."""
+  global _NAME, _ZONE, _PROJECT, _ACCELERATOR, _RUNTIME, _SPOT, _QUEUED, _CONFIG, _WORKDIR, _REPO
+  global _REV, _ALLOW_DIRTY, _MAX_RESTARTS, _DELETE, _DRY_RUN, _POLL, _READY_TIMEOUT, _GKE, _GKE_IMAGE
+  _NAME = flags.DEFINE_string("name", None, "TPU VM (and queued resource) name.")
+  _ZONE = flags.DEFINE_string("zone", None, "Zone, e.g. us-east5-a (v5p) or us-west4-a (v5e).")
+  _PROJECT = flags.DEFINE_string("project", "", "Google Cloud project ('' = gcloud's default).")
+  _ACCELERATOR = flags.DEFINE_string(
+      "accelerator_type", None, "Cloud TPU type, e.g. v4-32, v5litepod-16, v5p-128, v6e-8.")
+  _RUNTIME = flags.DEFINE_string(
+      "runtime_version", "", "TPU VM software version ('' = the generation's default "
+      "from launch/topologies.py, e.g. v2-alpha-tpuv5 for v5p).")
+  _SPOT = flags.DEFINE_bool("spot", False, "Spot capacity: cheaper, can be preempted.")
+  _QUEUED = flags.DEFINE_bool(
+      "queued", False, "Request the slice as a queued resource and wait in the queue.")
+  _CONFIG = flags.DEFINE_string(
+      "config", None, "Config spec inside the repository, e.g. configs/bert.py:large.")
+  _WORKDIR = flags.DEFINE_string("workdir", None, "gs:// run directory shared by all workers.")
+  _REPO = flags.DEFINE_string("repo", "", "Git URL the workers clone ('' = this checkout's origin).")
+  _REV = flags.DEFINE_string(
+      "rev", "", "Commit the workers check out ('' = this checkout's HEAD, which "
+      "must be clean and pushed).")
+  _ALLOW_DIRTY = flags.DEFINE_bool(
+      "allow_dirty", False, "Launch HEAD although the checkout has uncommitted changes.")
+  _MAX_RESTARTS = flags.DEFINE_integer(
+      "max_restarts", 0, "Re-run after a preemption (exit 75 or a lost slice) this many times.")
+  _DELETE = flags.DEFINE_bool("delete_at_end", False, "Delete the slice when the run ends.")
+  _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the commands instead of running them.")
+  _POLL = flags.DEFINE_integer("poll_seconds", 30, "Seconds between state checks.")
+  _READY_TIMEOUT = flags.DEFINE_integer(
+      "ready_timeout_minutes", 180, "Give up when the slice is not ready after this long.")
+  _GKE = flags.DEFINE_bool("gke_manifest", False, "Print a GKE JobSet manifest and exit.")
+  _GKE_IMAGE = flags.DEFINE_string(
+      "gke_image", "python:3.11", "Container image of the GKE pods (needs git, python3, pip).")
+
 
 _NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 
@@ -301,4 +308,5 @@ def _main(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
+  _define_flags()
   app.run(_main)

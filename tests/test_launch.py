@@ -345,3 +345,13 @@ def test_worker_script_checks_out_the_commit_and_reports_the_status(tmp_path):
   assert "train at" not in second.stdout
   assert (home / "bertjax-train.status").read_text().strip() == "0"
   assert f"train at {rev2}: " in (home / "bertjax-train.log").read_text()
+
+
+def test_importing_the_launcher_defines_no_global_flags():
+  # bertjax's binaries define --config and --workdir on absl's global flags;
+  # a test (or tool) that imports launch.tpu must not collide with them.
+  code = ("import launch.tpu\nfrom absl import flags\n"
+          "from bertjax import aot\nassert 'name' not in flags.FLAGS\n")
+  proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                        text=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr[-2000:]
