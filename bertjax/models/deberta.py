@@ -106,10 +106,7 @@ class DebertaForPretraining(nn.Module):
 
   @property
   def max_distance(self) -> int:
-    """``max_relative_positions``, defaulted as transformers does."""
-    if self.max_relative_positions > 0:
-      return self.max_relative_positions
-    return self.max_position_embeddings
+    return _max_distance(self)
 
   def setup(self):
     self.embeddings = bert.BertEmbeddings(
@@ -118,25 +115,10 @@ class DebertaForPretraining(nn.Module):
         type_vocab_size=self.type_vocab_size, dropout_rate=self.dropout_rate,
         dtype=self.dtype, layer_norm_eps=self.layer_norm_eps,
         add_positions=self.position_biased_input)
-    self.relative = disentangled.RelativeEmbeddings(
-        span=disentangled.table_span(self.position_buckets, self.max_distance),
-        hidden_size=self.hidden_size,
-        normalize=self.norm_rel_ebd == "layer_norm", dtype=self.dtype,
-        layer_norm_eps=self.layer_norm_eps)
-    attention = functools.partial(
-        disentangled.DisentangledAttention, position_terms=self.position_terms,
-        share_att_key=self.share_att_key,
-        position_dropout_rate=self.dropout_rate)
-    block = dict(num_heads=self.num_heads, mlp_dim=self.mlp_dim,
-                 dropout_rate=self.dropout_rate,
-                 attention_dropout_rate=self.attention_dropout_rate,
-                 dtype=self.dtype, attention_cls=attention,
-                 layer_norm_eps=self.layer_norm_eps, activation=self.activation)
-    if self.num_layers > 1:
-      self.encoder = layers.Encoder(num_layers=self.num_layers - 1,
-                                    scan_layers=self.scan_layers,
-                                    remat=self.remat, **block)
-    self.last_layer = layers.EncoderBlock(**block)
+    self.relative, encoder, self.last_layer = _stack_modules(
+        self, self.hidden_size, self.num_heads, self.mlp_dim, self.num_layers)
+    if encoder is not None:
+      self.encoder = encoder
     self.mlm_head = bert.MlmHead(vocab_size=self.vocab_size, dtype=self.dtype,
                                  layer_norm_eps=self.layer_norm_eps,
                                  activation=self.activation)
@@ -199,6 +181,35 @@ def relative_context(relative: nn.Module, length: int,
   return {"relative": relative(lo, hi), "relative_index": jnp.asarray(index)}
 
 
+def _max_distance(module) -> int:
+  """``max_relative_positions``, defaulted as transformers does."""
+  if module.max_relative_positions > 0:
+    return module.max_relative_positions
+  return module.max_position_embeddings
+
+
+def _stack_modules(module, hidden_size: int, num_heads: int, mlp_dim: int,
+                   num_layers: int):
+  """The shared relative table, the first L-1 blocks (None for L = 1) and the
+  last block of a disentangled stack, from ``module``'s attention fields
+  (``DebertaForPretraining`` and ``DisentangledStack`` alike); returned
+  unbound, to be assigned in ``module.setup``."""
+  relative = disentangled.RelativeEmbeddings(
+      span=disentangled.table_span(module.position_buckets, _max_distance(module)),
+      hidden_size=hidden_size, normalize=module.norm_rel_ebd == "layer_norm",
+      dtype=module.dtype, layer_norm_eps=module.layer_norm_eps)
+  attention = functools.partial(
+      disentangled.DisentangledAttention, position_terms=module.position_terms,
+      share_att_key=module.share_att_key, position_dropout_rate=module.dropout_rate)
+  block = dict(num_heads=num_heads, mlp_dim=mlp_dim, dropout_rate=module.dropout_rate,
+               attention_dropout_rate=module.attention_dropout_rate,
+               dtype=module.dtype, attention_cls=attention,
+               layer_norm_eps=module.layer_norm_eps, activation=module.activation)
+  encoder = (layers.Encoder(num_layers=num_layers - 1, scan_layers=module.scan_layers,
+                            remat=module.remat, **block) if num_layers > 1 else None)
+  return relative, encoder, layers.EncoderBlock(**block)
+
+
 class DisentangledStack(nn.Module):
   """DeBERTa's encoder alone, for models that bring their own embeddings and
   heads (ELECTRA-style pretraining with DeBERTa encoders, DeBERTa-v3):
@@ -231,30 +242,14 @@ class DisentangledStack(nn.Module):
 
   @property
   def max_distance(self) -> int:
-    if self.max_relative_positions > 0:
-      return self.max_relative_positions
-    return self.max_position_embeddings
+    return _max_distance(self)
 
   def setup(self):
-    self.relative = disentangled.RelativeEmbeddings(
-        span=disentangled.table_span(self.position_buckets, self.max_distance),
-        hidden_size=self.size.hidden_size,
-        normalize=self.norm_rel_ebd == "layer_norm", dtype=self.dtype,
-        layer_norm_eps=self.layer_norm_eps)
-    attention = functools.partial(
-        disentangled.DisentangledAttention, position_terms=self.position_terms,
-        share_att_key=self.share_att_key,
-        position_dropout_rate=self.dropout_rate)
-    block = dict(num_heads=self.size.num_heads, mlp_dim=self.size.mlp_dim,
-                 dropout_rate=self.dropout_rate,
-                 attention_dropout_rate=self.attention_dropout_rate,
-                 dtype=self.dtype, attention_cls=attention,
-                 layer_norm_eps=self.layer_norm_eps, activation=self.activation)
-    if self.size.num_layers > 1:
-      self.encoder = layers.Encoder(num_layers=self.size.num_layers - 1,
-                                    scan_layers=self.scan_layers,
-                                    remat=self.remat, **block)
-    self.last_layer = layers.EncoderBlock(**block)
+    self.relative, encoder, self.last_layer = _stack_modules(
+        self, self.size.hidden_size, self.size.num_heads, self.size.mlp_dim,
+        self.size.num_layers)
+    if encoder is not None:
+      self.encoder = encoder
 
   def __call__(self, x: jax.Array, mask: jax.Array,
                deterministic: bool) -> jax.Array:
