@@ -19,7 +19,7 @@ import pytest
 
 from gcs_emulator import Emulator
 
-STEPS = 12
+STEPS = 24
 FIELDS = dict(batch_size=8, seq_len=32, max_predictions_per_seq=5,
               num_train_steps=STEPS, warmup_steps=2, log_every_steps=1,
               checkpoint_every_steps=4, keep_checkpoints=10, eval_max_batches=2,
@@ -69,7 +69,8 @@ def test_gs_workdir_and_data_dir_prepare_train_kill_resume_evaluate(
     ref = steps_of(f.read())
 
   # bertjax.main from an unrelated directory: prepares into gs://, trains,
-  # and is killed once the checkpoint of step 8 is committed.
+  # and is killed once the checkpoint of step 4 is committed (20 steps and
+  # five checkpoint uploads before the end, so the kill lands mid-run).
   cwd = tmp_path / "elsewhere"
   cwd.mkdir()
   args = [sys.executable, "-m", "bertjax.main", "--config=bert.py:tiny",
@@ -78,15 +79,15 @@ def test_gs_workdir_and_data_dir_prepare_train_kill_resume_evaluate(
   proc = subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
   start = time.time()
-  while "run/checkpoints/8/commit_success.txt" not in gcs.object_names():
+  while "run/checkpoints/4/commit_success.txt" not in gcs.object_names():
     assert proc.poll() is None, proc.communicate()[0][-4000:]
-    assert time.time() - start < 400, "no checkpoint 8 in time"
-    time.sleep(0.2)
+    assert time.time() - start < 400, "no checkpoint 4 in time"
+    time.sleep(0.05)
   proc.send_signal(signal.SIGKILL)
   proc.wait()
   names = gcs.object_names()
   killed = steps_of(epath.Path(workdir, "metrics.jsonl").read_text())
-  assert 8 <= max(killed) < STEPS, sorted(killed)  # really cut short
+  assert 4 <= max(killed) < STEPS, sorted(killed)  # really cut short
   # Prepared data, tokenizer and checkpoints are in the bucket, nothing local.
   assert any(n.startswith("data/tokenizers/") and n.endswith(".model") for n in names)
   assert any(n.startswith("data/bertjax_tokenized/") and n.endswith("dataset_info.json")
