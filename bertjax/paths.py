@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from typing import Iterator
 
 from etils import epath
@@ -86,7 +87,7 @@ def write_text(p: str | os.PathLike, text: str) -> None:
     target.write_text(text, encoding="utf-8")
     return
   target.parent.mkdir(parents=True, exist_ok=True)
-  tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
+  tmp = target.parent / _tmp_name(target.name)
   tmp.write_text(text, encoding="utf-8")
   os.replace(tmp, target)
 
@@ -98,7 +99,7 @@ def write_bytes(p: str | os.PathLike, data: bytes) -> None:
     target.write_bytes(data)
     return
   target.parent.mkdir(parents=True, exist_ok=True)
-  tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
+  tmp = target.parent / _tmp_name(target.name)
   tmp.write_bytes(data)
   os.replace(tmp, target)
 
@@ -135,11 +136,12 @@ class JsonLines:
       self._file = None
 
 
-def walk_files(root: str | os.PathLike) -> Iterator[tuple[str, int]]:
+def walk_files(root: str | os.PathLike, *, staging: bool = False
+               ) -> Iterator[tuple[str, int]]:
   """Yields ``(relative path, size)`` for every file under ``root``, sorted.
 
   Works on object stores, where ``**`` globs are refused; skips staging
-  directories, which hold unfinished work.
+  directories, which hold unfinished work, unless ``staging``.
   """
   root = path(root)
   if not root.exists():
@@ -150,26 +152,32 @@ def walk_files(root: str | os.PathLike) -> Iterator[tuple[str, int]]:
     directory = stack.pop()
     for child in directory.iterdir():
       if child.is_dir():
-        if child.name not in _SKIP_DIRS:
+        if staging or child.name not in _SKIP_DIRS:
           stack.append(child)
       else:
         found.append((os.fspath(child.relative_to(root)), child.stat().length))
   yield from sorted(found)
 
 
-def _copy_tree(src: str, dst: str) -> int:
+def _tmp_name(name: str) -> str:
+  # Per process and thread: Beam runs units on threads of one process too.
+  return f".{name}.tmp-{os.getpid()}-{threading.get_ident()}"
+
+
+def _copy_tree(src: str, dst: str, staging: bool = False) -> int:
   """Copies files of ``src`` missing in ``dst`` or of another size, and every
   small file (records and markers may change at the same size); markers last.
-  Returns the number of files copied."""
-  have = dict(walk_files(dst))
-  todo = [(rel, size) for rel, size in walk_files(src)
+  Staging directories only with ``staging``. Returns the number of files
+  copied."""
+  have = dict(walk_files(dst, staging=staging))
+  todo = [(rel, size) for rel, size in walk_files(src, staging=staging)
           if have.get(rel) != size or size < _ALWAYS_COPY_BELOW]
   todo.sort(key=lambda item: (os.path.basename(item[0]) in _MARKERS, item[0]))
   for rel, _ in todo:
     target = path(dst) / rel
     if not is_remote(target):
       target.parent.mkdir(parents=True, exist_ok=True)
-      tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
+      tmp = target.parent / _tmp_name(target.name)
       (path(src) / rel).copy(tmp, overwrite=True)
       os.replace(tmp, target)
     else:
@@ -203,16 +211,36 @@ def fetched(p: str | os.PathLike) -> str:
     pull(remote, local)
   else:
     os.makedirs(os.path.dirname(local), exist_ok=True)
-    path(remote).copy(local + f".tmp-{os.getpid()}", overwrite=True)
-    os.replace(local + f".tmp-{os.getpid()}", local)
+    tmp = os.path.join(os.path.dirname(local), _tmp_name(os.path.basename(local)))
+    path(remote).copy(tmp, overwrite=True)
+    os.replace(tmp, local)
   return local
 
 
-def pull(remote: str | os.PathLike, local: str | os.PathLike) -> int:
-  """Copies into ``local`` every file of ``remote`` it lacks; returns the count."""
-  return _copy_tree(absolute(remote), absolute(local))
+def fetched_within(root: str | os.PathLike, p: str | os.PathLike) -> str:
+  """``fetched`` for a directory ``p`` under a remote ``root``: its copy lands
+  at the same place under ``local_mirror(root)``, so that paths relative to
+  the root (a data_dir's datasets and tokenizers) stay valid locally."""
+  if not is_remote(p):
+    return absolute(p)
+  root, p = absolute(root), absolute(p)
+  rel = os.path.relpath(p.split("://", 1)[1], root.split("://", 1)[1])
+  if rel.startswith(".."):
+    raise ValueError(f"{p} is not under {root}")
+  local = os.path.join(local_mirror(root), rel)
+  pull(p, local)
+  return local
 
 
-def push(local: str | os.PathLike, remote: str | os.PathLike) -> int:
-  """Uploads every file of ``local`` that ``remote`` lacks, markers last."""
-  return _copy_tree(absolute(local), absolute(remote))
+def pull(remote: str | os.PathLike, local: str | os.PathLike, *,
+         staging: bool = False) -> int:
+  """Copies into ``local`` every file of ``remote`` it lacks; returns the count.
+  Staging directories (unfinished datasets' units) only with ``staging``."""
+  return _copy_tree(absolute(remote), absolute(local), staging)
+
+
+def push(local: str | os.PathLike, remote: str | os.PathLike, *,
+         staging: bool = False) -> int:
+  """Uploads every file of ``local`` that ``remote`` lacks, markers last.
+  Staging directories only with ``staging``."""
+  return _copy_tree(absolute(local), absolute(remote), staging)

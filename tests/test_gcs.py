@@ -124,13 +124,99 @@ def test_gs_workdir_and_data_dir_prepare_train_kill_resume_evaluate(
                                 api.load(str(tmp_path / "hf")).embed(text))
 
 
-def test_distributed_beam_runner_refuses_a_gs_data_dir(demo_config, tmp_path,
-                                                       monkeypatch):
-  # Its workers could not read ArrayRecord from GCS: one sentence, nothing
-  # written (not even a local "gs:" directory), no network touched.
+def _text_config(demo_config, text_files, **overrides):
+  config = demo_config.copy_and_resolve_references()
+  config.dataset = "bertjax_local_text"
+  config.text_files = text_files
+  config.vocab_size = 500
+  config.prepare_block_mb = 0.02  # several units, so several staged shards
+  config.tokenizer_sample_sentences = 1000
+  for k, v in overrides.items():
+    config[k] = v
+  return config
+
+
+def _digests(root):
+  """relative path -> sha256 of every published shard and tokenizer under root."""
+  import hashlib
+  from bertjax import paths
+  return {rel: hashlib.sha256(paths.path(root, rel).read_bytes()).hexdigest()
+          for rel, _ in paths.walk_files(root)
+          if ".array_record-" in rel or rel.endswith(".model")}
+
+
+def test_beam_workers_prepare_a_gs_data_dir_through_the_bucket(
+    gcs, demo_config, tmp_path, monkeypatch):
+  # What a Dataflow job does, on Beam's local runner: text files in the
+  # bucket, units that read their inputs from the bucket and write their
+  # staged shards into it; the published shards are those of a one-process
+  # prepare of the same files on local disk, byte for byte.
+  import corpus_files
+  from etils import epath
+  from bertjax.data import bucket_units
+  from bertjax.data import prepare
+
+  local_text = tmp_path / "text"
+  local_text.mkdir()
+  corpus_files.write_topic_files(local_text)
+  names = sorted(os.listdir(local_text))[:40]
+  bucket = f"gs://{gcs.bucket}"
+  for name in names:
+    epath.Path(f"{bucket}/text/{name}").write_bytes((local_text / name).read_bytes())
+  for name in set(os.listdir(local_text)) - set(names):
+    os.remove(local_text / name)
+
+  local_dir = str(tmp_path / "data")
+  prepare.prepare(_text_config(demo_config, f"{local_text}/*.txt",
+                               prepare_workers=1), local_dir)
+  want = _digests(local_dir)
+  assert sum(".array_record-" in rel for rel in want) >= 6
+
+  staged_in_bucket = []
+  clean = bucket_units.clean
+
+  def spy(remote_root):  # what the workers left in the bucket, before cleaning
+    staged_in_bucket.extend(n for n in gcs.object_names() if "/.staging/" in n)
+    clean(remote_root)
+
+  monkeypatch.setattr(bucket_units, "clean", spy)
+  from bertjax.data import workers
+  run, sent = workers.run, []
+
+  def spy_run(run_unit, tasks, **kwargs):  # what the Beam workers are handed
+    sent.extend(tasks)
+    return run(run_unit, tasks, **kwargs)
+
+  monkeypatch.setattr(workers, "run", spy_run)
+  cwd = tmp_path / "elsewhere"
+  cwd.mkdir()
+  monkeypatch.chdir(cwd)
+  data_dir = f"{bucket}/beam"
+  prepare.prepare(_text_config(demo_config, f"{bucket}/text/*.txt"), data_dir,
+                  beam_runner="DirectRunner")
+  assert _digests(data_dir) == want
+  # The workers were handed bucket paths only, never the launcher's mirror.
+  from bertjax import paths
+  mirror = paths.local_mirror(data_dir)
+  assert len(sent) >= 6 and mirror not in repr(sent)
+  assert all(repr(t).count("gs://") >= 2 for t in sent)
+  # The units' receipts and shards went through the bucket, and were removed
+  # from it once published.
+  for stage in ("bertjax_local_text", "bertjax_tokenized", "tokenizers"):
+    assert any(n.startswith(f"beam/{stage}/") and n.endswith(".json")
+               for n in staged_in_bucket), stage
+  assert not [n for n in gcs.object_names() if "/.staging/" in n]
+  assert os.listdir(cwd) == []
+
+
+def test_distributed_beam_runner_refuses_local_text_for_a_gs_data_dir(
+    demo_config, tmp_path, monkeypatch):
+  # Its workers share nothing with this machine but the bucket: one
+  # sentence, nothing written (not even a local "gs:" directory).
   from bertjax.data import prepare
   monkeypatch.chdir(tmp_path)
-  with pytest.raises(ValueError, match=r"DataflowRunner cannot prepare into a gs://"):
-    prepare.prepare(demo_config, "gs://no-such-bucket/data",
-                    beam_runner="DataflowRunner")
+  config = _text_config(demo_config, "/corpus/*.txt")
+  with pytest.raises(ValueError, match=r"DataflowRunner workers cannot read the "
+                     r"local text files '/corpus/\*.txt'.*gs:// paths"):
+    prepare.prepare(config, "gs://no-such-bucket/data", beam_runner="DataflowRunner")
   assert os.listdir(tmp_path) == []

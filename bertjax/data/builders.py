@@ -31,6 +31,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from bertjax import batch as batch_lib
+from bertjax import paths
 from bertjax.data import knowledge as knowledge_lib
 from bertjax.data import python_docs
 from bertjax.data import tokenizer as tokenizer_lib
@@ -124,6 +125,9 @@ def resolve_text_files(text_files: str) -> list[str]:
   for pattern in (p.strip() for p in text_files.split(",")):
     if not pattern:
       continue
+    if paths.is_remote(pattern):
+      out.extend(_resolve_remote(pattern))
+      continue
     pattern = os.path.expanduser(pattern)
     for match in sorted(glob.glob(pattern, recursive=True)):
       if os.path.isdir(match):
@@ -134,16 +138,41 @@ def resolve_text_files(text_files: str) -> list[str]:
   return list(dict.fromkeys(out))
 
 
+def _resolve_remote(pattern: str) -> list[str]:
+  """A gs:// file, directory (every file under it) or glob (``*``, ``?``,
+  ``[..]`` within one directory level each; object stores refuse ``**``)."""
+  pattern = paths.absolute(pattern)
+  if not glob.has_magic(pattern):
+    if paths.isdir(pattern):
+      return [paths.join(pattern, rel) for rel, _ in paths.walk_files(pattern)]
+    return [pattern] if paths.exists(pattern) else []
+  scheme, rest = pattern.split("://", 1)
+  parts = rest.split("/")
+  first = next(i for i, part in enumerate(parts) if glob.has_magic(part))
+  base = paths.path(f"{scheme}://" + "/".join(parts[:first]))
+  if "**" in parts[first:]:
+    raise ValueError(
+        f"--config.text_files={pattern!r} uses '**', which object stores do not "
+        f"support; name the directory instead (all files under it are read).")
+  return sorted(os.fspath(p) for p in base.glob("/".join(parts[first:]))
+                if not p.is_dir())
+
+
+def file_size(path: str) -> int:
+  """Bytes of a local or gs:// file."""
+  return paths.path(path).stat().length
+
+
 def no_files_message(text_files: str) -> str:
   return (f"--config.text_files={text_files!r} matches no files; pass "
           f"comma-separated paths or globs, e.g. --config.text_files='corpus/*.txt'.")
 
 
-def files_fingerprint(paths: Sequence[str]) -> str:
+def files_fingerprint(files: Sequence[str]) -> str:
   """sha256 over (path, size) of the input files: changes when the inputs do."""
   digest = hashlib.sha256()
-  for path in paths:
-    digest.update(f"{os.path.abspath(path)}\t{os.path.getsize(path)}\n".encode())
+  for path in files:
+    digest.update(f"{paths.absolute(path)}\t{file_size(path)}\n".encode())
   return digest.hexdigest()
 
 

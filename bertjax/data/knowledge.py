@@ -58,6 +58,8 @@ from typing import Any, Iterable, Mapping, NamedTuple
 
 import numpy as np
 
+from bertjax import paths
+
 # A word's text split into (leading punctuation, core, trailing punctuation).
 _CORE = re.compile(r"^(\W*)(.*?)(\W*)$", re.S)
 # Longest default entity, in words.
@@ -270,8 +272,10 @@ class Marker:
     """The Marker that ``write`` wrote to ``directory``."""
     units = {}
     for name in ("phrases", "entities"):
-      with open(os.path.join(directory, f"{name}.txt"), encoding="utf-8") as f:
-        units[name] = frozenset(tuple(line.split()) for line in f if line.strip())
+      # A Beam worker of a gs:// data_dir reads them from the bucket.
+      text = paths.read_text(paths.join(directory, f"{name}.txt"))
+      units[name] = frozenset(tuple(line.split()) for line in text.splitlines()
+                              if line.strip())
     return cls(phrases=units["phrases"], entities=units["entities"])
 
   def write(self, directory: str) -> None:

@@ -49,6 +49,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from bertjax import paths
+from bertjax.data import bucket_units
 from bertjax.data import builders
 from bertjax.data import knowledge
 from bertjax.data import shards
@@ -341,14 +342,7 @@ def prepare(config, data_dir: str, *, beam_runner: str = "",
   engine = engine_of(config, beam_runner, beam_options)
   try:
     if paths.is_remote(data_dir):
-      if engine.beam_runner not in ("", "DirectRunner"):
-        # Its workers would have to read the text dataset and tokenizer from
-        # GCS, where ArrayRecord cannot read (bertjax/paths.py).
-        raise ValueError(
-            f"--beam_runner={engine.beam_runner} cannot prepare into a gs:// "
-            f"data_dir ({data_dir}) yet; prepare with local workers or "
-            "--beam_runner=DirectRunner (the data_dir is then mirrored and "
-            "uploaded), or into a data_dir on a disk the workers share.")
+      _check_beam_inputs(config, data_dir, engine)
       return _prepare_mirrored(config, data_dir, spans, engine)
     return _prepare(config, data_dir, spans, engine)
   finally:
@@ -372,13 +366,36 @@ def _prepare_mirrored(config, data_dir: str, spans,
   fetched = paths.pull(remote, local)
   logging.info("Mirrored %s to %s (%d files fetched, %.1f s).", remote, local,
                fetched, time.time() - start)
+  if engine.beam_runner:
+    # Beam's workers read and write the bucket (bertjax/data/bucket_units.py);
+    # the units a killed run finished there are not redone.
+    bucket_units.resume(local, remote)
+    engine = dataclasses.replace(engine, bucket=(local, remote))
   prepared = _prepare(config, local, spans, engine)
   if jax.process_index() == 0:
     start = time.time()
     sent = paths.push(local, remote)
     logging.info("Uploaded %d prepared files to %s (%.1f s).", sent, remote,
                  time.time() - start)
+    if engine.beam_runner:
+      bucket_units.clean(remote)
   return prepared
+
+
+def _check_beam_inputs(config, data_dir: str, engine: text_sources.Engine) -> None:
+  """Refuses, before any work, inputs a distributed Beam runner's workers
+  cannot read: local text files (the data_dir being a bucket, they have no
+  disk in common with this machine)."""
+  if engine.beam_runner in ("", "DirectRunner"):
+    return
+  if config.dataset.startswith("bertjax_local_text") and config.get("text_files"):
+    local = [p for p in config.text_files.split(",")
+             if p.strip() and not paths.is_remote(p.strip())]
+    if local:
+      raise ValueError(
+          f"--beam_runner={engine.beam_runner} workers cannot read the local "
+          f"text files {local[0]!r} of a gs:// data_dir ({data_dir}); copy them "
+          f"to a bucket and pass gs:// paths in --config.text_files.")
 
 
 def _prepare(config, data_dir: str, spans, engine: text_sources.Engine) -> PreparedData:

@@ -25,6 +25,7 @@ from typing import Any, Iterable
 from absl import logging
 import tensorflow_datasets as tfds
 
+from bertjax.data import bucket_units
 from bertjax.data import builders
 from bertjax.data import shards
 from bertjax.data import staged
@@ -45,8 +46,16 @@ class Engine:
   block_bytes: int = 8 << 20
   beam_runner: str = ""
   beam_options: tuple[str, ...] = ()
+  # (local mirror, gs:// data_dir) when Beam workers must go through the
+  # bucket (bertjax/data/bucket_units.py); empty otherwise.
+  bucket: tuple[str, ...] = ()
 
   def run(self, fn, tasks, progress: workers.Progress | None = None) -> None:
+    if self.beam_runner and self.bucket and tasks:
+      bucket_units.run(fn, tasks, local_root=self.bucket[0],
+                       remote_root=self.bucket[1], beam_runner=self.beam_runner,
+                       beam_options=self.beam_options)
+      return
     # Under a block of text, starting processes costs more than it saves.
     small = progress is not None and progress.total_bytes <= self.block_bytes
     workers.run(fn, tasks, workers=1 if small else self.workers,
@@ -127,7 +136,7 @@ def _local_text(config, data_dir: str, engine: Engine) -> str:
            for i, g in enumerate(groups)]
   todo = [t for t in tasks if stage.receipt(t.index) is None]
   logging.info("Reading %d text files (%.1f MB) in %d units, %d to do ...",
-               len(paths), sum(os.path.getsize(p) for p in paths) / 1e6,
+               len(paths), sum(builders.file_size(p) for p in paths) / 1e6,
                len(tasks), len(todo))
   engine.run(units.run_text, todo, workers.Progress(
       "text", sum(sum(min(p.end, p.size) - p.start for p in t.pieces) for t in todo),

@@ -34,6 +34,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from bertjax import batch as batch_lib
+from bertjax import paths
 from bertjax.data import builders
 from bertjax.data import knowledge as knowledge_lib
 from bertjax.data import python_docs
@@ -67,14 +68,29 @@ class TextSource:
   feature: str = "text"
 
   def open(self) -> Any:
-    """Random access (``len``, ``__getitems__``) to the split's records."""
+    """Random access (``len``, ``__getitems__``) to the split's records.
+
+    On a Beam worker of a gs:// data_dir the paths are in the bucket
+    (bertjax/data/bucket_units.py): ArrayRecord reads local files only, so
+    the dataset is first copied into this machine's mirror of the data_dir
+    (once per machine: files already there are not fetched again).
+    """
     if self.kind == "own":
-      builder = tfds.builder_from_directory(self.path)
+      path, data_dir = self.path, self.data_dir
+      if paths.is_remote(path):
+        path = paths.fetched_within(data_dir, path)
+        data_dir = paths.local_mirror(data_dir)
+      builder = tfds.builder_from_directory(path)
       info = builder.info.splits[self.split]
       return shards.CheckedSource(
           builder.as_data_source(self.split), [os.fspath(p) for p in info.filepaths],
-          info.shard_lengths, self.data_dir)
-    return tfds.data_source(self.path, split=self.split, data_dir=self.tfds_dir,
+          info.shard_lengths, data_dir)
+    tfds_dir = self.tfds_dir
+    if tfds_dir and paths.is_remote(tfds_dir):
+      name = self.path.partition("/")[0].partition(":")[0]
+      paths.fetched_within(tfds_dir, paths.join(tfds_dir, name))
+      tfds_dir = paths.local_mirror(tfds_dir)
+    return tfds.data_source(self.path, split=self.split, data_dir=tfds_dir,
                             download=False)
 
   def document(self, index: int, record: dict[str, Any]) -> builders.Document:
@@ -155,13 +171,20 @@ class TextTask:
   overrides: tuple[tuple[str, str], ...] = ()
 
 
-def plan_text(paths: Sequence[str], block_bytes: int) -> list[list[Piece]]:
-  """Groups files into units of about ``block_bytes``; large files are cut."""
-  root = os.path.commonpath([os.path.dirname(os.path.abspath(p)) for p in paths])
+def _without_scheme(path: str) -> str:
+  """A file's path with a URL's ``gs:/`` dropped (for naming documents)."""
+  return "/" + path.split("://", 1)[1] if paths.is_remote(path) else os.path.abspath(path)
+
+
+def plan_text(files: Sequence[str], block_bytes: int) -> list[list[Piece]]:
+  """Groups files (local or gs://) into units of about ``block_bytes``; large
+  files are cut. A document is named by its file's path relative to the
+  files' common directory, so the same files give the same names anywhere."""
+  root = os.path.commonpath([os.path.dirname(_without_scheme(p)) for p in files])
   units, current, current_bytes = [], [], 0
-  for path in paths:
-    size = os.path.getsize(path)
-    name = os.path.relpath(os.path.abspath(path), root)
+  for path in files:
+    size = paths.path(path).stat().length
+    name = os.path.relpath(_without_scheme(path), root)
     for start in range(0, max(size, 1), block_bytes):
       current.append(Piece(path, name, start, min(start + block_bytes, size), size))
       current_bytes += min(block_bytes, size - start)
@@ -190,7 +213,7 @@ def _cut(f, nominal: int, size: int) -> int:
 
 
 def read_piece(piece: Piece) -> bytes:
-  with open(piece.path, "rb") as f:
+  with paths.path(piece.path).open("rb") as f:
     start = _cut(f, piece.start, piece.size)
     end = _cut(f, piece.end, piece.size)
     f.seek(start)
@@ -319,7 +342,7 @@ class TokenizeTask:
 
 def load_tokenizer(path: str):
   """A sentencepiece model file, or an imported Hugging Face tokenizer directory."""
-  if os.path.isdir(path):
+  if paths.isdir(path):
     from bertjax.convert import hf_tokenizers  # pylint: disable=g-import-not-at-top
     return hf_tokenizers.HfTokenizer(path)
   from bertjax.data import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
