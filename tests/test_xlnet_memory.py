@@ -26,8 +26,11 @@ MEM = 16  # shorter than the rows (32): the memory is the row's last 16 states
 
 @pytest.fixture(scope="module")
 def mem(small):
+  """The shared small XLNet with memory, trained on a 2x2x2 mesh with two
+  micro-batches (the step the mesh test compiles is the resume test's)."""
   c = small.copy_and_resolve_references()
   c.layout, c.mem_len = "stream", MEM
+  c.mesh_shape, c.microbatches = "2,2,2", 2
   return c
 
 
@@ -78,13 +81,15 @@ def test_too_few_documents_for_the_rows_are_refused(mem):
 def _layer_inputs(model, params, inputs):
   """Each layer's input (word embeddings, then the blocks' content outputs),
   read from flax's captured intermediates, not from the memory code."""
-  _, seen = model.apply({"params": params}, inputs,
-                        capture_intermediates=True, mutable=["intermediates"])
-  table = params["word_embeddings"]["embedding"]
-  out = [table[inputs["tokens"]]]
-  for i in range(model.num_layers - 1):
-    out.append(seen["intermediates"][f"layer_{i}"]["__call__"][0][0])
-  return out
+  @jax.jit
+  def run(params, inputs):
+    _, seen = model.apply({"params": params}, inputs,
+                          capture_intermediates=True, mutable=["intermediates"])
+    out = [params["word_embeddings"]["embedding"][inputs["tokens"]]]
+    for i in range(model.num_layers - 1):
+      out.append(seen["intermediates"][f"layer_{i}"]["__call__"][0][0])
+    return out
+  return run(params, inputs)
 
 
 def test_memory_carries_over_and_receives_no_gradient(mem, demo_data):
@@ -92,6 +97,7 @@ def test_memory_carries_over_and_receives_no_gradient(mem, demo_data):
   mesh, state, step_fn = variant_steps.setup(mem, "1,1,1", jax.devices()[:1])
   model = models.get_model(mem)
   objective = objectives.get_objective(mem)
+  corrupt = jax.jit(objective.corrupt)
   rng = jax.random.key(0)
   p0 = jax.device_get(state.params)  # the state is donated to the step
   empty = jax.device_get(state.carry)
@@ -100,7 +106,7 @@ def test_memory_carries_over_and_receives_no_gradient(mem, demo_data):
     state, _ = step_fn(state, train.to_global(b0, mesh), rng)
     carry = jax.device_get(state.carry)
     p1 = jax.device_get(state.params)
-    inputs0, _ = objective.corrupt(rng, b0, jnp.int32(0))
+    inputs0, _ = corrupt(rng, b0, jnp.int32(0))
     want = _layer_inputs(model, p0, {**inputs0, **empty})
     for layer, x in enumerate(want):
       np.testing.assert_allclose(carry["memory"][:, layer], x[:, -MEM:],
@@ -119,7 +125,7 @@ def test_memory_carries_over_and_receives_no_gradient(mem, demo_data):
 
   # No gradient into the memory: step 2's loss does not depend, through the
   # memory, on step 1's parameters, nor on the memory itself, which it reads.
-  inputs1, targets1 = objective.corrupt(rng, b1, jnp.int32(1))
+  inputs1, targets1 = corrupt(rng, b1, jnp.int32(1))
 
   def loss(params, memory):
     out = model.apply({"params": params}, {**inputs1, "memory": memory,
@@ -132,10 +138,10 @@ def test_memory_carries_over_and_receives_no_gradient(mem, demo_data):
 
   grad_previous = jax.jit(jax.grad(through_memory))(p0)
   assert all(np.all(np.asarray(g) == 0) for g in jax.tree.leaves(grad_previous))
-  grad_memory = jax.jit(jax.grad(loss, argnums=1))(p1, carry["memory"])
+  value_and_grad = jax.jit(jax.value_and_grad(loss, argnums=1))
+  value, grad_memory = value_and_grad(p1, carry["memory"])
   assert np.all(np.asarray(grad_memory) == 0)
-  shifted = carry["memory"] + 0.5
-  assert float(loss(p1, shifted)) != float(loss(p1, carry["memory"]))
+  assert float(value_and_grad(p1, carry["memory"] + 0.5)[0]) != float(value)
 
 
 def test_memory_longer_than_a_row_keeps_the_older_states():
@@ -153,7 +159,7 @@ def test_memory_longer_than_a_row_keeps_the_older_states():
   params = nn.meta.unbox(model.init(jax.random.key(0), {
       **inputs, "memory": old, "memory_mask": old_mask})["params"])
   memory = {"memory": old, "memory_mask": old_mask}
-  out = model.apply({"params": params}, {**inputs, **memory})
+  out = jax.jit(model.apply)({"params": params}, {**inputs, **memory})
   want = _layer_inputs(model, params, {**inputs, **memory})
   for layer, x in enumerate(want):
     np.testing.assert_array_equal(out["memory"][:, layer, :4], old[:, layer, 8:])
@@ -162,7 +168,7 @@ def test_memory_longer_than_a_row_keeps_the_older_states():
                         np.concatenate([old_mask[:, 8:], doc_ids > 0], axis=1))
 
 
-def _run(config, batches, mesh_shape, devices, microbatches=1):
+def _run(config, batches, mesh_shape, devices, microbatches):
   mesh = sharding.make_mesh(mesh_shape, devices)
   model = models.get_model(config)
   tx = optim.make_optimizer(config)
@@ -177,17 +183,20 @@ def _run(config, batches, mesh_shape, devices, microbatches=1):
   return np.asarray(losses), jax.device_get(state.carry)
 
 
-def test_same_losses_and_memory_on_a_mesh_and_with_accumulation(mem, demo_data):
+def test_same_losses_and_memory_on_a_mesh_with_accumulation(mem, demo_data):
+  """One device, whole batch against a 2x2x2 mesh (rows over data x fsdp,
+  heads and mlp over tensor) with two micro-batches of 4 rows each: each
+  micro-batch reads and returns its own rows' memory."""
   batches = _batches(mem, demo_data.source("train"), 3)
-  one, carry = _run(mem, batches, "1,1,1", jax.devices()[:1])
+  one, carry = _run(mem, batches, "1,1,1", jax.devices()[:1], 1)
   assert np.all(np.isfinite(one)) and carry["memory_mask"].any()
-  for shape, micro in (("2,2,2", 1), ("1,1,1", 2)):
-    devices = jax.devices() if shape == "2,2,2" else jax.devices()[:1]
-    got, got_carry = _run(mem, batches, shape, devices, microbatches=micro)
-    np.testing.assert_allclose(got, one, rtol=1e-5)
-    np.testing.assert_allclose(got_carry["memory"], carry["memory"],
-                               rtol=1e-4, atol=1e-5)
-    assert np.array_equal(got_carry["memory_mask"], carry["memory_mask"])
+  assert one[1] != one[2]  # learning steps happened
+  got, got_carry = _run(mem, batches, mem.mesh_shape, jax.devices(),
+                        mem.microbatches)
+  np.testing.assert_allclose(got, one, rtol=1e-5)
+  np.testing.assert_allclose(got_carry["memory"], carry["memory"],
+                             rtol=1e-4, atol=1e-5)
+  assert np.array_equal(got_carry["memory_mask"], carry["memory_mask"])
 
 
 def test_killed_run_with_memory_resumes_to_identical_result(mem, tmp_path):

@@ -32,12 +32,28 @@ Without ``perm_visible`` only the content stream runs, bidirectionally within
 each document: fine-tuning and ``bertjax.load(...).encode``; ``mlm_logits``
 are then read from h at ``masked_positions``.
 
+* Segment memory (Transformer-XL recurrence, ``mem_len`` = M > 0). With the
+  inputs ``memory`` [batch, layers, M, embed] and ``memory_mask`` bool
+  [batch, M], layer l's keys and values are (memory[:, l], h): its own input
+  over the last M positions of the row's previous segment, then the row.
+  Relative distances run over both (key j of M + length, query i at M + i);
+  memory positions count as segment 0 and are stop-gradient. Every query of
+  both streams may read every memory position whose mask is True (XLNet
+  does not reset the memory at a document boundary; the mask is False only
+  before the first segment and on padding). The output ``memory`` is the next
+  segment's: per layer the last M of (memory, this segment's input to the
+  layer), as transformers' ``cache_mem``. Without ``memory`` in the inputs
+  the model runs without memory. The train step carries it
+  (``carry_shapes``, state.TrainState.carry).
+
 Inputs: tokens, segment_ids, positions (unused: positions are relative),
 doc_ids int32 [batch, length]; optional masked_positions int32 [batch, P];
-optional perm_visible bool [batch, length, length].
+optional perm_visible bool [batch, length, length]; optional memory float32
+[batch, layers, M, embed] with memory_mask bool [batch, M].
 Outputs: hidden [batch, length, embed] (content stream of the last layer,
 what XLNetModel returns without target mapping); mlm_logits float32
-[batch, P, vocab] when masked_positions is given.
+[batch, P, vocab] when masked_positions is given; with memory, the next
+memory and memory_mask.
 
 Parameter tree::
 
@@ -47,8 +63,7 @@ Parameter tree::
   layer_i/attention/{r_w_bias, r_r_bias, r_s_bias} [heads, kv], seg_embed [2, heads, kv]
   layer_i/{attention_norm, mlp/{wi, wo}, mlp_norm}
 
-Not built: segment recurrence (``mem_len``, Transformer-XL memory) and
-``bi_data``; see the README's XLNet section.
+Not built: ``bi_data`` and ``reuse_len``; see the README's XLNet section.
 """
 
 from __future__ import annotations
