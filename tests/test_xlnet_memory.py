@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
+from bertjax import flops
 from bertjax import models
 from bertjax import objectives
 from bertjax import optim
@@ -103,6 +104,12 @@ def test_memory_carries_over_and_receives_no_gradient(mem, demo_data):
   empty = jax.device_get(state.carry)
   assert not empty["memory_mask"].any()
   with mesh:
+    # The useful-FLOP count with memory (bertjax/flops.py) against XLA's
+    # count of the compiled step: a little higher, never lower.
+    cost = step_fn.lower(state, train.to_global(b0, mesh),
+                         rng).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    assert 1.0 <= cost["flops"] / flops.step_flops(mem) < 1.5
     state, _ = step_fn(state, train.to_global(b0, mesh), rng)
     carry = jax.device_get(state.carry)
     p1 = jax.device_get(state.params)
