@@ -80,16 +80,18 @@ def test_too_few_documents_for_the_rows_are_refused(mem):
 
 
 def _layer_inputs(model, params, inputs):
-  """Each layer's input (word embeddings, then the blocks' content outputs),
-  read from flax's captured intermediates, not from the memory code."""
+  """(the model's outputs, each layer's input: word embeddings, then the
+  blocks' content outputs, read from flax's captured intermediates, not from
+  the memory code)."""
   @jax.jit
   def run(params, inputs):
-    _, seen = model.apply({"params": params}, inputs,
-                          capture_intermediates=True, mutable=["intermediates"])
-    out = [params["word_embeddings"]["embedding"][inputs["tokens"]]]
+    outputs, seen = model.apply({"params": params}, inputs,
+                                capture_intermediates=True,
+                                mutable=["intermediates"])
+    layer_inputs = [params["word_embeddings"]["embedding"][inputs["tokens"]]]
     for i in range(model.num_layers - 1):
-      out.append(seen["intermediates"][f"layer_{i}"]["__call__"][0][0])
-    return out
+      layer_inputs.append(seen["intermediates"][f"layer_{i}"]["__call__"][0][0])
+    return outputs, layer_inputs
   return run(params, inputs)
 
 
@@ -114,7 +116,7 @@ def test_memory_carries_over_and_receives_no_gradient(mem, demo_data):
     carry = jax.device_get(state.carry)
     p1 = jax.device_get(state.params)
     inputs0, _ = corrupt(rng, b0, jnp.int32(0))
-    want = _layer_inputs(model, p0, {**inputs0, **empty})
+    _, want = _layer_inputs(model, p0, {**inputs0, **empty})
     for layer, x in enumerate(want):
       np.testing.assert_allclose(carry["memory"][:, layer], x[:, -MEM:],
                                  rtol=1e-5, atol=1e-6)
@@ -163,11 +165,10 @@ def test_memory_longer_than_a_row_keeps_the_older_states():
                 positions=jnp.broadcast_to(jnp.arange(8), (2, 8)), doc_ids=doc_ids)
   old = jnp.asarray(rng.normal(size=(2, 2, 12, 16)), jnp.float32)
   old_mask = jnp.asarray(rng.random((2, 12)) < 0.7)
-  params = nn.meta.unbox(model.init(jax.random.key(0), {
+  params = nn.meta.unbox(jax.jit(model.init)(jax.random.key(0), {
       **inputs, "memory": old, "memory_mask": old_mask})["params"])
   memory = {"memory": old, "memory_mask": old_mask}
-  out = jax.jit(model.apply)({"params": params}, {**inputs, **memory})
-  want = _layer_inputs(model, params, {**inputs, **memory})
+  out, want = _layer_inputs(model, params, {**inputs, **memory})
   for layer, x in enumerate(want):
     np.testing.assert_array_equal(out["memory"][:, layer, :4], old[:, layer, 8:])
     np.testing.assert_allclose(out["memory"][:, layer, 4:], x, rtol=1e-6)
