@@ -55,8 +55,9 @@ _LAYOUT_FIELDS = (
     "generator_num_heads", "generator_mlp_dim",
     # ELECTRA-style pretraining with DeBERTa encoders (configs/deberta_v3.py)
     "encoder", "gdes",
-    # XLNet's relative distance clamp (configs/xlnet.py)
-    "clamp_len",
+    # XLNet's relative distance clamp and segment memory, whose length is
+    # the shape of the memory in the saved state (configs/xlnet.py)
+    "clamp_len", "mem_len",
     # What an import from Hugging Face records (bertjax/convert/workdir.py).
     "hf_special_ids", "hf_model_type", "hf_position_offset",
     # Fine-tuning (configs/finetune.py): the task and its head.
@@ -78,8 +79,8 @@ _STREAM_FIELDS = (
     "unilm_mask_rates",
     # ELECTRA's sampling and loss weight (configs/electra.py)
     "generator_temperature", "disc_loss_weight",
-    # XLNet's partial prediction and (not built) segment memory
-    "partial_prediction_k", "max_span", "mem_len",
+    # XLNet's partial prediction
+    "partial_prediction_k", "max_span",
     # numerics and the optimizer's schedule
     "dropout_rate", "attention_dropout_rate", "dtype", "learning_rate",
     "warmup_steps", "adam_b1", "adam_b2", "adam_eps", "weight_decay",

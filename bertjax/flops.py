@@ -42,7 +42,11 @@ sinusoid rows and the rows' projection:
              + 6 * (T + P) * R * H + 6 * R * H * H        (relative positions)
 
 and the LM head is the tied decoder alone (``6 * H * V * P``, no transform).
-The two-row relative-segment scores are not counted.
+The two-row relative-segment scores are not counted. With a segment memory
+of M positions per row (``mem_len``), each layer also projects the memory's
+keys and values (``8 * H * H * M`` per row: stop-gradient, so no input
+gradient), both streams attend over M more
+keys (``12 * H * M * (T + P)``), and R = M + 2S - 1.
 Embedding lookups, biases, LayerNorm, softmax and GELU are not counted, nor is
 rematerialisation's recomputation: MFU measures useful work, so remat lowers
 it honestly.
@@ -154,10 +158,13 @@ def _xlnet_flops(config, size: sizes.Size, seq_len: int, tokens: int,
   """XLNet (module docstring): content and query streams, relative
   positions, the tied LM head at the prediction slots, forward + backward."""
   h, f, layers = size.hidden_size, size.mlp_dim, size.num_layers
-  rows = 2 * seq_len - 1
+  memory = int(config.get("mem_len", 0) or 0)
+  rows = memory + 2 * seq_len - 1
   per_layer = (6.0 * (2 * h * h + 2 * h * f) * predictions
                + 12.0 * h * seq_len * predictions
-               + 6.0 * (tokens + predictions) * rows * h + 6.0 * rows * h * h)
+               + 6.0 * (tokens + predictions) * rows * h + 6.0 * rows * h * h
+               + 8.0 * h * h * memory * (tokens // seq_len)
+               + 12.0 * h * memory * (tokens + predictions))
   return (_encoder_flops(size, seq_len, tokens) + layers * per_layer
           + 6.0 * h * int(config.vocab_size) * predictions)
 

@@ -21,10 +21,32 @@ from bertjax import sharding
 
 @flax.struct.dataclass
 class TrainState:
-  """Everything the train step updates. A pytree of arrays only."""
+  """Everything the train step updates. A pytree of arrays only.
+
+  ``carry`` is what one step hands to the next besides the parameters: a dict
+  of arrays whose leading dimension is the global batch (row r's carry
+  belongs to row r of the next batch), empty ``{}`` unless the model declares
+  one (``model.carry_shapes``: XLNet's segment memory). It is sharded like
+  the batch, checkpointed with the rest of the state, and sliced with the
+  rows under gradient accumulation; the train step feeds it to the model as
+  inputs of the same names and takes the next one from the model's outputs.
+  """
   step: jax.Array  # int32 scalar: optimizer steps taken
   params: Any
   opt_state: Any
+  carry: Any = flax.struct.field(default_factory=dict)
+
+
+def carry_shapes(model: nn.Module, config) -> dict[str, jax.ShapeDtypeStruct]:
+  """The model's carry for ``config.batch_size`` rows ({} for most models)."""
+  declare = getattr(model, "carry_shapes", None)
+  return {} if declare is None else dict(declare(int(config.batch_size)))
+
+
+def empty_carry(model: nn.Module, config) -> dict[str, jax.Array]:
+  """The carry before the first step: zeros (XLNet: no valid memory)."""
+  return {k: jnp.zeros(s.shape, s.dtype)
+          for k, s in carry_shapes(model, config).items()}
 
 
 def dummy_inputs(config, batch_size: int = 1) -> dict[str, jax.Array]:
@@ -59,11 +81,16 @@ def state_shardings(model: nn.Module, tx: optax.GradientTransformation, config,
       tx, lambda _, spec: spec, abstract_opt, param_specs,
       transform_non_params=lambda _: PartitionSpec(),
       is_leaf=lambda x: isinstance(x, PartitionSpec))
-  specs = TrainState(step=PartitionSpec(), params=param_specs, opt_state=opt_specs)
+  abstract_carry = carry_shapes(model, config)
+  specs = TrainState(step=PartitionSpec(), params=param_specs, opt_state=opt_specs,
+                     carry={k: None for k in abstract_carry})
   abstract = TrainState(
       step=jax.ShapeDtypeStruct((), jnp.int32), params=abstract_params,
-      opt_state=abstract_opt)
-  return abstract, sharding.logical_to_sharding(specs, mesh)
+      opt_state=abstract_opt, carry=abstract_carry)
+  shardings = sharding.logical_to_sharding(specs, mesh)
+  # The carry's rows are split over the devices like the batch's.
+  return abstract, shardings.replace(
+      carry={k: sharding.batch_sharding(mesh) for k in abstract_carry})
 
 
 def rescale_init(params: Any, config) -> Any:
@@ -98,7 +125,7 @@ def create_train_state(model: nn.Module, tx: optax.GradientTransformation, confi
   def init(rng):
     params = rescale_init(nn.meta.unbox(_init_params(model, config, rng)), config)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                      opt_state=tx.init(params))
+                      opt_state=tx.init(params), carry=empty_carry(model, config))
 
   rng = jax.random.fold_in(jax.random.key(config.seed), 0x1417)
   with mesh:

@@ -57,6 +57,11 @@ def train_step(state: state_lib.TrainState, batch: dict[str, jax.Array],
   accumulated over that many slices (``_accumulate``), so the update is the
   one a single big batch would give, to float rounding.
 
+  ``state.carry`` (empty for most models; XLNet's segment memory) joins the
+  model inputs under its own names, and the model's outputs of those names
+  are the next state's carry; a skipped update also empties the carry
+  (zeros), so no NaN outlives its step.
+
   Args:
     state: the TrainState.
     batch: a global Batch (bertjax/batch.py) of sharded device arrays.
@@ -72,6 +77,8 @@ def train_step(state: state_lib.TrainState, batch: dict[str, jax.Array],
   # example_id either way, and the NSP partner of an example is drawn from the
   # whole global batch, exactly as without accumulation.
   inputs, targets = objective.corrupt(rng, batch, state.step)
+  inputs = {**inputs, **state.carry}
+  carried = tuple(state.carry)
   dropout_rng = jax.random.fold_in(
       jax.random.fold_in(rng, _DROPOUT_STREAM), state.step)
 
@@ -80,14 +87,15 @@ def train_step(state: state_lib.TrainState, batch: dict[str, jax.Array],
       apply = objectives.base.bind(model, params, deterministic=False,
                                    dropout_rng=dropout_rng)
       outputs = objectives.base.forward(objective, apply, inputs, targets)
-      return objective.loss(outputs, targets)
+      loss, metrics = objective.loss(outputs, targets)
+      return loss, (metrics, {k: outputs[k] for k in carried})
 
-    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        state.params)
+    (loss, (metrics, carry)), grads = jax.value_and_grad(
+        loss_fn, has_aux=True)(state.params)
   else:
-    loss, metrics, grads = _accumulate(state.params, inputs, targets,
-                                       dropout_rng, model, objective,
-                                       microbatches, mesh)
+    loss, metrics, grads, carry = _accumulate(
+        state.params, inputs, targets, dropout_rng, model, objective,
+        microbatches, mesh, carried)
   loss = jnp.where(state.step == debug_nan_step, jnp.nan, loss)
   grad_norm = optax.global_norm(grads)
   finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
@@ -97,8 +105,11 @@ def train_step(state: state_lib.TrainState, batch: dict[str, jax.Array],
   metrics = dict(metrics)
   metrics["grad_norm"] = (grad_norm, jnp.float32(1.0))
   metrics["skipped"] = (1.0 - finite.astype(jnp.float32), jnp.float32(1.0))
+  carry = jax.tree.map(lambda a: jnp.where(finite, a, jnp.zeros_like(a)),
+                       jax.lax.stop_gradient(carry))
   new_state = state.replace(step=state.step + 1, params=keep(params, state.params),
-                            opt_state=keep(opt_state, state.opt_state))
+                            opt_state=keep(opt_state, state.opt_state),
+                            carry=carry)
   return new_state, metrics
 
 
@@ -115,7 +126,7 @@ def _loss_terms(objective, metrics) -> tuple[str, ...]:
 
 
 def _accumulate(params, inputs, targets, dropout_rng, model, objective,
-                microbatches: int, mesh):
+                microbatches: int, mesh, carried: tuple[str, ...] = ()):
   """Loss, metrics and gradient of the whole batch, one micro-batch at a time.
 
   The objective's loss is a sum of means, ``sum_t S_t / C_t`` (``_loss_terms``),
@@ -133,9 +144,13 @@ def _accumulate(params, inputs, targets, dropout_rng, model, objective,
     dropout_rng: this step's dropout key.
     microbatches: M; B must be divisible by M.
     mesh: when given, each micro-batch stays split over the batch axes.
+    carried: names of the carry in ``inputs``; each micro-batch's rows get
+      their own rows' carry and return their next carry, which is put back
+      in row order, so the carry is the one the big batch gives.
 
   Returns:
-    (loss scalar, metrics {name: (sum, count)}, gradient pytree like params).
+    (loss scalar, metrics {name: (sum, count)}, gradient pytree like params,
+    next carry {name: [B, ...]}).
   """
   def split(x):
     # Row r goes to micro-batch r % M: every device's contiguous block of rows
@@ -147,6 +162,11 @@ def _accumulate(params, inputs, targets, dropout_rng, model, objective,
       x = jax.lax.with_sharding_constraint(
           x, jax.sharding.NamedSharding(mesh, spec))
     return x
+
+  def merge(x):
+    # The inverse of split: [M, B / M, ...] back to row order [B, ...].
+    x = jnp.swapaxes(x, 0, 1)
+    return x.reshape((x.shape[0] * microbatches,) + x.shape[2:])
 
   micro_inputs = jax.tree.map(split, inputs)
   micro_targets = jax.tree.map(split, targets)
@@ -170,14 +190,15 @@ def _accumulate(params, inputs, targets, dropout_rng, model, objective,
           dropout_rng=jax.random.fold_in(dropout_rng, index))
       outputs = objectives.base.forward(objective, apply, x, y)
       _, m = objective.loss(outputs, y)
-      return sum(m[t][0] / totals[t] for t in terms), m
+      return (sum(m[t][0] / totals[t] for t in terms),
+              (m, {k: outputs[k] for k in carried}))
 
-    (part, m), g = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    (part, (m, carry)), g = jax.value_and_grad(loss_fn, has_aux=True)(params)
     m = dict(m)
     m["loss"] = (part, jnp.zeros((), jnp.float32))
     grads = jax.tree.map(jnp.add, grads, g)
     metrics = jax.tree.map(jnp.add, metrics, m)
-    return (grads, metrics, index + 1), None
+    return (grads, metrics, index + 1), carry
 
   metric_shapes = jax.eval_shape(
       lambda: dict(objective.loss(zeros, jax.tree.map(lambda x: x[0],
@@ -185,11 +206,11 @@ def _accumulate(params, inputs, targets, dropout_rng, model, objective,
   zero_metrics = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes)
   zero_metrics["loss"] = (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
   zero_grads = jax.tree.map(jnp.zeros_like, params)
-  (grads, metrics, _), _ = jax.lax.scan(
+  (grads, metrics, _), carry = jax.lax.scan(
       body, (zero_grads, zero_metrics, jnp.int32(0)), (micro_inputs, micro_targets))
   loss = metrics["loss"][0]
   metrics["loss"] = (loss, jnp.ones((), jnp.float32))
-  return loss, metrics, grads
+  return loss, metrics, grads, jax.tree.map(merge, carry)
 
 
 def make_train_step(model, objective, tx, state_shardings, mesh, *,

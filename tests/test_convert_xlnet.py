@@ -121,6 +121,60 @@ def test_query_stream_matches_pytorch_under_a_permutation(hf_model):
   assert _close(np.asarray(got["hidden"]), out.hidden_states[-2].numpy())
 
 
+def test_two_segments_with_memory_match_pytorch(hf_model):
+  """Segment 1 without memory, segment 2 reading segment 1's memory, through
+  transformers' XLNetLMHeadModel (``mems``, ``use_mems``) and bertjax's model
+  (``memory``): the memory, the content stream and, under a perm_mask /
+  target_mapping, the query stream's logits agree within 1e-5."""
+  import jax
+  import jax.numpy as jnp
+  from bertjax.convert import xlnet as mapping
+  kind, path, hf = hf_model
+  fields, params, _, _, tok = workdir_lib.load_hf(path)
+  vocab, length, slots, mem_len = hf.config.vocab_size, 9, 3, 6
+  model = mapping.build_model(dict(fields, mem_len=mem_len), jnp.float32)
+  run = jax.jit(lambda x: model.apply({"params": params}, x))
+  empty = {k: jnp.zeros(s.shape, s.dtype) for k, s in model.carry_shapes(2).items()}
+  rng = np.random.default_rng(5)
+  order = np.stack([rng.permutation(length) for _ in range(2)])
+  rank = np.argsort(order, axis=1)
+  visible = rank[:, None, :] < rank[:, :, None]
+  targets = order[:, ::-1][:, :slots]
+  target_mapping = np.zeros((2, slots, length), np.float32)
+  for b in range(2):
+    target_mapping[b, np.arange(slots), targets[b]] = 1
+  hf.transformer.mem_len = mem_len  # what XLNetModel's cache reads
+  try:
+    memory, mems = empty, None
+    for seed in (6, 7):  # memory holds only real tokens, as transformers' does
+      ids, _, types, ours = _inputs(tok, vocab, [length] * 2, seed=seed)
+      ours = {k: jnp.asarray(v, jnp.int32) for k, v in ours.items()}
+      with torch.no_grad():
+        ref = hf.transformer(torch.tensor(ids), token_type_ids=torch.tensor(types),
+                             mems=mems, use_mems=True)
+        query = hf(torch.tensor(ids), token_type_ids=torch.tensor(types),
+                   mems=mems, use_mems=True,
+                   perm_mask=torch.tensor((~visible).astype(np.float32)),
+                   target_mapping=torch.tensor(target_mapping))
+      got = run({**ours, **memory})
+      assert _close(np.asarray(got["hidden"]), ref.last_hidden_state.numpy())
+      if mems is not None:  # the memory is read: without it the states differ
+        alone = np.asarray(run({**ours, **empty})["hidden"])
+        assert not _close(alone, ref.last_hidden_state.numpy())
+      # transformers' mems: per layer [mem_len, batch, d_model].
+      want = np.stack([m.numpy() for m in ref.mems], axis=0).transpose(2, 0, 1, 3)
+      assert _close(np.asarray(got["memory"]), want)
+      assert np.asarray(got["memory_mask"]).all()
+      two = run({**ours, **memory, "perm_visible": jnp.asarray(visible),
+                 "masked_positions": jnp.asarray(targets, jnp.int32)})
+      logits = np.asarray(two["mlm_logits"])[..., tok.from_hf_ids(np.arange(vocab))]
+      assert _close(logits, query.logits.numpy())
+      memory = {k: got[k] for k in empty}
+      mems = ref.mems
+  finally:
+    hf.transformer.mem_len = hf.config.mem_len
+
+
 def test_import_and_export_are_bit_identical(hf_model, tmp_path):
   import ml_collections
   from bertjax import config_files
@@ -134,6 +188,9 @@ def test_import_and_export_are_bit_identical(hf_model, tmp_path):
     saved = json.load(f)
   assert (saved["model"], saved["objective"]) == ("xlnet", "xlnet")
   assert saved["clamp_len"] == KINDS[kind]["clamp_len"]
+  # transformers' XLNetConfig defaults to mem_len=512: the import keeps it,
+  # with the layout its memory needs.
+  assert saved["mem_len"] == 512 and saved["layout"] == "stream"
   config_validation.validate(ml_collections.ConfigDict(saved))
   out = str(tmp_path / "hf")
   workdir_lib.export_hf(workdir, out)
@@ -144,6 +201,20 @@ def test_import_and_export_are_bit_identical(hf_model, tmp_path):
     assert array.dtype == original[name].dtype and np.array_equal(array, original[name]), name
   _, info = transformers.XLNetLMHeadModel.from_pretrained(out, output_loading_info=True)
   assert info["missing_keys"] == [] and info["unexpected_keys"] == []
+
+
+def test_mem_len_travels_both_ways(hf_model):
+  from bertjax.convert import xlnet as mapping
+  kind, path, _ = hf_model
+  with open(os.path.join(path, "config.json")) as f:
+    config = json.load(f)
+  assert config["mem_len"] == 512  # transformers' default
+  none = mapping.model_fields({**config, "mem_len": None})
+  assert none["mem_len"] == 0 and "layout" not in none
+  fields = mapping.model_fields({**config, "mem_len": 6})
+  assert fields["mem_len"] == 6 and fields["layout"] == "stream"
+  assert mapping.hf_config(fields, 5)["mem_len"] == 6
+  assert mapping.hf_config(dict(fields, mem_len=0), 5)["mem_len"] is None
 
 
 def test_tokenizer_matches_transformers(hf_model):

@@ -183,6 +183,7 @@ def import_hf(hf_dir: str, workdir: str, base_config) -> ImportReport:
   import jax.numpy as jnp
   import ml_collections
   from bertjax import checkpointing
+  from bertjax import models
   from bertjax import optim
   from bertjax import state as state_lib
 
@@ -210,8 +211,10 @@ def import_hf(hf_dir: str, workdir: str, base_config) -> ImportReport:
       hf_files.write_tensors(str(stage / KEPT_FILE), kept)
 
     tx = optim.make_optimizer(config)
-    state = state_lib.TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                                 opt_state=tx.init(params))
+    # A model with a carry (XLNet's memory) starts it empty, as training does.
+    state = state_lib.TrainState(
+        step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+        carry=state_lib.empty_carry(models.get_model(config), config))
     # The checkpoint records no directory: written under the staging
     # directory, it restores from <workdir>/checkpoints once moved.
     checkpointer = checkpointing.Checkpointer(str(stage), keep=config.keep_checkpoints)

@@ -16,8 +16,11 @@ compare equal or different).
 
 Refused on import, with the reason: ``attn_type='uni'``, ``bi_data`` (the
 forward/backward batch halves) and an activation bertjax does not compute.
-``mem_len`` is not imported: bertjax's XLNet has no segment memory yet, and
-runs without memory are what transformers computes with ``use_mems=False``.
+``mem_len`` travels both ways: an import with ``mem_len`` > 0 trains with
+that segment memory and therefore with the ``stream`` layout it needs; an
+export writes the config's ``mem_len`` (None for 0, transformers' "no
+memory"). Run with ``mems``, transformers' XLNetModel computes what bertjax
+does with the same memory (``tests/test_xlnet_memory.py``).
 The tokenizer is XLNet's sentencepiece model (``spiece.model``); its
 ``<pad> <unk> <cls> <sep> <mask>`` take bertjax's five special ids.
 """
@@ -78,8 +81,11 @@ def model_fields(hf_config: Mapping[str, Any]) -> dict[str, Any]:
       max_position_embeddings=MAX_POSITIONS, type_vocab_size=TYPE_VOCAB_SIZE,
       attention_dropout_rate=fields["dropout_rate"],
       clamp_len=int(hf_config.get("clamp_len", -1) or -1),
+      mem_len=int(hf_config.get("mem_len") or 0),
       hidden_act=act,
       layer_norm_eps=float(hf_config.get("layer_norm_eps", layers.LAYER_NORM_EPS)))
+  if fields["mem_len"]:
+    fields["layout"] = "stream"  # the memory continues each row's text
   return fields
 
 
@@ -92,7 +98,8 @@ def hf_config(config: Mapping[str, Any], pad_token_id: int) -> dict[str, Any]:
       ff_activation=numerics["activation"],
       layer_norm_eps=numerics["layer_norm_eps"],
       initializer_range=layers.KERNEL_STDDEV, attn_type="bi", bi_data=False,
-      clamp_len=int(config.get("clamp_len", -1)), mem_len=None,
+      clamp_len=int(config.get("clamp_len", -1)),
+      mem_len=int(config.get("mem_len", 0) or 0) or None,
       d_head=int(config["hidden_size"]) // int(config["num_heads"]),
       pad_token_id=int(pad_token_id))
   return out

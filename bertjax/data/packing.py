@@ -296,7 +296,10 @@ LAYOUTS: dict[str, Layout] = {
 # Layouts whose rows take sentences from consecutive documents of the stream;
 # the pipeline reads them with ``single_segment.document_chunks`` and
 # ``single_segment.fill_row``.
-CROSS_DOCUMENT_LAYOUTS = ("full_sentences",)
+# ``stream`` packs the same rows as full_sentences, but each batch row reads
+# its own documents, so that row r of step t+1 continues row r of step t
+# (bertjax/data/streams.py; XLNet's segment memory needs it).
+CROSS_DOCUMENT_LAYOUTS = ("full_sentences", "stream")
 
 
 def is_cross_document(name: str) -> bool:

@@ -41,6 +41,7 @@ import numpy as np
 from bertjax import batch as batch_lib
 from bertjax.data import packing
 from bertjax.data import single_segment
+from bertjax.data import streams
 
 # Threads that read and pack documents ahead of the consumer. Packing holds the
 # GIL, so more threads mostly help sources with slow reads (ArrayRecord files).
@@ -355,6 +356,11 @@ def make_train_iterator(config: Any, source: Any, *, local_batch_size: int,
   # NSP negatives come from other examples of this host's batch.
   check_pair_documents(config, config.get("train_split", "train"), len(docs),
                        refuse=True)
+  if config.layout == "stream":  # row r of each batch continues row r
+    return streams.StreamIterator(
+        source, docs, seq_len=config.seq_len, local_batch_size=local_batch_size,
+        seed=config.seed, first_row=process_index * local_batch_size,
+        stack=_stack_rows, split=config.get("train_split", "train"))
   ds = grain.MapDataset.range(len(docs)).repeat()
   ds = ds.map_with_index(_ShuffledDocument(docs, config.seed))
   read_options = grain.ReadOptions(

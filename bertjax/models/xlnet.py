@@ -32,12 +32,28 @@ Without ``perm_visible`` only the content stream runs, bidirectionally within
 each document: fine-tuning and ``bertjax.load(...).encode``; ``mlm_logits``
 are then read from h at ``masked_positions``.
 
+* Segment memory (Transformer-XL recurrence, ``mem_len`` = M > 0). With the
+  inputs ``memory`` [batch, layers, M, embed] and ``memory_mask`` bool
+  [batch, M], layer l's keys and values are (memory[:, l], h): its own input
+  over the last M positions of the row's previous segment, then the row.
+  Relative distances run over both (key j of M + length, query i at M + i);
+  memory positions count as segment 0 and are stop-gradient. Every query of
+  both streams may read every memory position whose mask is True (XLNet
+  does not reset the memory at a document boundary; the mask is False only
+  before the first segment and on padding). The output ``memory`` is the next
+  segment's: per layer the last M of (memory, this segment's input to the
+  layer), as transformers' ``cache_mem``. Without ``memory`` in the inputs
+  the model runs without memory. The train step carries it
+  (``carry_shapes``, state.TrainState.carry).
+
 Inputs: tokens, segment_ids, positions (unused: positions are relative),
 doc_ids int32 [batch, length]; optional masked_positions int32 [batch, P];
-optional perm_visible bool [batch, length, length].
+optional perm_visible bool [batch, length, length]; optional memory float32
+[batch, layers, M, embed] with memory_mask bool [batch, M].
 Outputs: hidden [batch, length, embed] (content stream of the last layer,
 what XLNetModel returns without target mapping); mlm_logits float32
-[batch, P, vocab] when masked_positions is given.
+[batch, P, vocab] when masked_positions is given; with memory, the next
+memory and memory_mask.
 
 Parameter tree::
 
@@ -47,8 +63,7 @@ Parameter tree::
   layer_i/attention/{r_w_bias, r_r_bias, r_s_bias} [heads, kv], seg_embed [2, heads, kv]
   layer_i/{attention_norm, mlp/{wi, wo}, mlp_norm}
 
-Not built: segment recurrence (``mem_len``, Transformer-XL memory) and
-``bi_data``; see the README's XLNet section.
+Not built: ``bi_data`` and ``reuse_len``; see the README's XLNet section.
 """
 
 from __future__ import annotations
@@ -66,18 +81,21 @@ from bertjax.models import sizes
 Dtype = Any
 
 
-def relative_table(length: int, hidden_size: int, clamp_len: int = -1) -> jax.Array:
-  """Sinusoids of the relative distances a row of ``length`` tokens needs.
+def relative_table(length: int, hidden_size: int, clamp_len: int = -1,
+                   memory_len: int = 0) -> jax.Array:
+  """Sinusoids of the relative distances a row of ``length`` tokens needs,
+  after ``memory_len`` positions of memory (keys: K = memory_len + length).
 
-  Row r holds distance d = (length - 1) - r, so rows 0 .. 2*length-2 run
-  from length-1 down to -(length-1); ``relative_index`` points into it. A
-  distance beyond ``clamp_len`` (> 0) reads as ``clamp_len``.
+  Row r holds distance d = (K - 1) - r, so rows 0 .. K+length-2 run from
+  K-1 (the last token reading the oldest memory slot) down to -(length-1);
+  ``relative_index`` points into it. A distance beyond ``clamp_len`` (> 0)
+  reads as ``clamp_len``.
 
   Returns:
-    float32 [2 * length - 1, hidden_size]: [sin(d f), cos(d f)] with
+    float32 [K + length - 1, hidden_size]: [sin(d f), cos(d f)] with
     f_k = 1 / 10000^(2k / hidden_size).
   """
-  distance = jnp.arange(length - 1, -length, -1, dtype=jnp.float32)
+  distance = jnp.arange(memory_len + length - 1, -length, -1, dtype=jnp.float32)
   if clamp_len > 0:
     distance = jnp.clip(distance, -clamp_len, clamp_len)
   inv_freq = 1.0 / (10000.0 ** (jnp.arange(0, hidden_size, 2, dtype=jnp.float32)
@@ -86,17 +104,20 @@ def relative_table(length: int, hidden_size: int, clamp_len: int = -1) -> jax.Ar
   return jnp.concatenate([jnp.sin(angle), jnp.cos(angle)], axis=-1)
 
 
-def relative_index(query_positions: jax.Array, length: int) -> jax.Array:
+def relative_index(query_positions: jax.Array, length: int,
+                   memory_len: int = 0) -> jax.Array:
   """Row of ``relative_table`` for each (query, key) pair.
 
   Args:
-    query_positions: int32 [batch, Q], the query's index in the row.
-    length: number of keys.
+    query_positions: int32 [batch, Q], the query's index i in the row.
+    length: tokens in the row (without memory).
+    memory_len: M; key j = 0 .. M + length - 1 counts the memory first, so
+      query i sits at key index M + i.
 
   Returns:
-    int32 [batch, Q, length]: (length - 1) - (i - j).
+    int32 [batch, Q, M + length]: (K - 1) - (M + i - j) = (length - 1) - i + j.
   """
-  keys = jnp.arange(length, dtype=jnp.int32)
+  keys = jnp.arange(memory_len + length, dtype=jnp.int32)
   return (length - 1) - query_positions[:, :, None] + keys[None, None, :]
 
 
@@ -141,12 +162,15 @@ class TwoStreamAttention(nn.Module):
     """Attends each stream's queries over the content stream ``h``.
 
     Args:
-      h: [batch, length, embed] content stream (keys and values).
+      h: [batch, K, embed] keys and values: the memory (M positions, the
+        layer's input in the previous segment) then the content stream of
+        the row's ``length`` tokens; K = M + length (M = 0 without memory).
       streams: per stream a dict: ``x`` [batch, Q, embed] the queries' hidden
-        states, ``positions`` int32 [batch, Q] their index in the row,
-        ``mask`` bool [batch, Q, length] (True = may attend).
-      table: float32 [2 * length - 1, embed] (``relative_table``).
-      segment_ids: int32 [batch, length].
+        states, ``positions`` int32 [batch, Q] their index in the row
+        (0 .. length-1), ``mask`` bool [batch, Q, K] (True = may attend).
+      table: float32 [K + length - 1, embed] (``relative_table``).
+      segment_ids: int32 [batch, length] of the row's tokens; memory
+        positions count as segment 0 (as transformers' XLNetModel).
       deterministic: disables dropout.
 
     Returns:
@@ -181,7 +205,9 @@ class TwoStreamAttention(nn.Module):
     # ``o``), read transposed.
     out = self.param("out", layers.kernel_init("embed", "heads", "kv"),
                      (hidden, self.num_heads, head_dim), jnp.float32)
-    length = h.shape[1]
+    length = segment_ids.shape[1]
+    memory_len = h.shape[1] - length
+    key_segments = jnp.pad(segment_ids, ((0, 0), (memory_len, 0)))
     results = []
     for stream in streams:
       q = query(stream["x"])
@@ -192,12 +218,12 @@ class TwoStreamAttention(nn.Module):
 
       content = score(r_w, k, "bqnd,bknd->bnqk")
       by_distance = score(r_r, k_rel, "bqnd,rnd->bnqr")
-      index = relative_index(stream["positions"], length)
+      index = relative_index(stream["positions"], length, memory_len)
       position = jnp.take_along_axis(
           by_distance, jnp.broadcast_to(index[:, None], content.shape), axis=-1)
       by_segment = score(r_s, seg_embed, "bqnd,snd->bnqs")
       query_segments = jnp.take_along_axis(segment_ids, stream["positions"], axis=1)
-      differ = (query_segments[:, :, None] != segment_ids[:, None, :])[:, None]
+      differ = (query_segments[:, :, None] != key_segments[:, None, :])[:, None]
       segment = jnp.where(differ, by_segment[..., 1:2], by_segment[..., 0:1])
       logits = (content + position + segment) / jnp.sqrt(jnp.float32(head_dim))
       # jnp.where keeps a query with no visible key finite (a uniform
@@ -233,17 +259,21 @@ class TwoStreamBlock(nn.Module):
                deterministic: bool) -> tuple[jax.Array, jax.Array | None]:
     """Maps h [batch, length, embed] and g [batch, P, embed] (or None) to
     their next layer; ``context`` holds table, segment_ids, content_mask,
-    and with g query_positions and query_mask (see XLNetForPretraining)."""
+    with g query_positions and query_mask, and with memory ``memory``
+    [batch, M, embed], this layer's (see XLNetForPretraining)."""
     length = h.shape[1]
     streams = [dict(x=h, mask=context["content_mask"], positions=jnp.broadcast_to(
         jnp.arange(length, dtype=jnp.int32), h.shape[:2]))]
     if g is not None:
       streams.append(dict(x=g, mask=context["query_mask"],
                           positions=context["query_positions"]))
+    keys = h
+    if "memory" in context:
+      keys = jnp.concatenate([context["memory"].astype(h.dtype), h], axis=1)
     attended = TwoStreamAttention(
         num_heads=self.num_heads, dropout_rate=self.attention_dropout_rate,
         dtype=self.dtype, name="attention")(
-            h, streams, context["table"], context["segment_ids"], deterministic)
+            keys, streams, context["table"], context["segment_ids"], deterministic)
     attention_norm = layers.layer_norm(self.dtype, "attention_norm",
                                        self.layer_norm_eps)
     mlp = layers.Mlp(mlp_dim=self.mlp_dim, dtype=self.dtype,
@@ -265,6 +295,8 @@ class XLNetForPretraining(nn.Module):
     vocab_size: rows of the word table.
     num_layers, hidden_size, num_heads, mlp_dim: a row of sizes.SIZES.
     clamp_len: relative distances beyond it read as it (<= 0: no clamp).
+    mem_len: M > 0 gives the model a segment memory (``carry_shapes``); 0:
+      none.
     dropout_rate: dropout on embeddings, relative table, sublayer outputs
       and the final hidden states.
     attention_dropout_rate: dropout on attention probabilities.
@@ -278,6 +310,7 @@ class XLNetForPretraining(nn.Module):
   num_heads: int
   mlp_dim: int
   clamp_len: int = -1
+  mem_len: int = 0
   dropout_rate: float = 0.0
   attention_dropout_rate: float = 0.0
   dtype: Dtype = jnp.float32
@@ -314,6 +347,20 @@ class XLNetForPretraining(nn.Module):
         for i in range(self.num_layers)]
     self.dropout = nn.Dropout(rate=self.dropout_rate)
 
+  def carry_shapes(self, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
+    """The segment memory a train step hands to the next (state.TrainState):
+    ``memory`` float32 [batch, layers, M, embed], each layer's input over
+    the last M positions, and ``memory_mask`` bool [batch, M], which of them
+    held a real token. {} when mem_len is 0."""
+    if self.mem_len <= 0:
+      return {}
+    return {
+        "memory": jax.ShapeDtypeStruct(
+            (batch_size, self.num_layers, self.mem_len, self.hidden_size),
+            jnp.float32),
+        "memory_mask": jax.ShapeDtypeStruct((batch_size, self.mem_len), bool),
+    }
+
   def __call__(self, inputs: Mapping[str, jax.Array],
                deterministic: bool = True) -> dict[str, jax.Array]:
     """Runs the model; see the module docstring for inputs and outputs."""
@@ -324,9 +371,24 @@ class XLNetForPretraining(nn.Module):
     # with respect to the embedded input (the tests' leakage check).
     h = self.perturb("embedded", h)
     content, earlier = stream_masks(inputs["doc_ids"], inputs.get("perm_visible"))
+    memory = inputs.get("memory")
+    memory_len = 0
+    if memory is not None:
+      # The previous segment's states are context, never trained through.
+      memory = jax.lax.stop_gradient(memory)
+      memory_mask = inputs["memory_mask"]
+      memory_len = memory.shape[2]
+      # Every token of both streams may read every real memory position of
+      # its row (XLNet's rule: no reset at document boundaries).
+      seen = jnp.broadcast_to(memory_mask[:, None, :],
+                              (*content.shape[:2], memory_len))
+      content = jnp.concatenate([seen, content], axis=-1)
+      if earlier is not None:
+        earlier = jnp.concatenate([seen, earlier], axis=-1)
     context = dict(
         table=self.dropout(relative_table(length, self.hidden_size,
-                                          self.clamp_len), deterministic),
+                                          self.clamp_len, memory_len),
+                           deterministic),
         segment_ids=inputs["segment_ids"], content_mask=content)
     g = None
     two_stream = "perm_visible" in inputs and "masked_positions" in inputs
@@ -338,9 +400,16 @@ class XLNetForPretraining(nn.Module):
       g = jnp.broadcast_to(self.mask_emb.astype(self.dtype),
                            (*slots.shape, self.hidden_size))
       g = self.dropout(g, deterministic)
-    for block in self.blocks:
-      h, g = block(h, g, context, deterministic)
+    layer_inputs = []
+    for i, block in enumerate(self.blocks):
+      layer_inputs.append(h)
+      layer_context = context if memory is None else dict(
+          context, memory=memory[:, i])
+      h, g = block(h, g, layer_context, deterministic)
     outputs = {"hidden": h}
+    if memory is not None:
+      outputs.update(next_memory(memory, memory_mask, layer_inputs,
+                                 inputs["doc_ids"] > 0))
     if two_stream:
       outputs["mlm_logits"] = self.lm_logits(self.dropout(g, deterministic))
     elif "masked_positions" in inputs:
@@ -357,6 +426,28 @@ class XLNetForPretraining(nn.Module):
     return logits + self.lm_bias
 
 
+def next_memory(memory: jax.Array, memory_mask: jax.Array,
+                layer_inputs: list[jax.Array],
+                real: jax.Array) -> dict[str, jax.Array]:
+  """The memory the next segment of each row reads: per layer, the last M of
+  (old memory, this segment's inputs to the layer), stop-gradient, as
+  Transformer-XL's cache (transformers' ``cache_mem``).
+
+  Args:
+    memory: float32 [batch, layers, M, embed]; memory_mask bool [batch, M].
+    layer_inputs: per layer [batch, length, embed].
+    real: bool [batch, length], tokens that are not padding.
+
+  Returns:
+    {"memory": float32 [batch, layers, M, embed], "memory_mask": bool [batch, M]}.
+  """
+  memory_len = memory.shape[2]
+  current = jnp.stack(layer_inputs, axis=1).astype(jnp.float32)
+  both = jnp.concatenate([memory, current], axis=2)[:, :, -memory_len:]
+  mask = jnp.concatenate([memory_mask, real], axis=1)[:, -memory_len:]
+  return {"memory": jax.lax.stop_gradient(both), "memory_mask": mask}
+
+
 def from_config(config: ml_collections.ConfigDict,
                 dtype: Dtype) -> XLNetForPretraining:
   """Builds XLNetForPretraining from a config (see configs/xlnet.py).
@@ -364,8 +455,8 @@ def from_config(config: ml_collections.ConfigDict,
   Args:
     config: a ConfigDict or a plain mapping: model_size (or explicit
       num_layers, hidden_size, num_heads, mlp_dim), vocab_size, dropout_rate,
-      attention_dropout_rate and, when present, clamp_len, mem_len (only 0:
-      the memory is not built), scan_layers (only False), remat,
+      attention_dropout_rate and, when present, clamp_len, mem_len (the
+      segment memory's length, 0 = none), scan_layers (only False), remat,
       layer_norm_eps and hidden_act.
     dtype: the compute dtype, already parsed from config.dtype.
 
@@ -374,10 +465,10 @@ def from_config(config: ml_collections.ConfigDict,
   """
   size = sizes.resolve(config)
   get = config.get
-  if int(get("mem_len", 0) or 0) > 0:
-    raise ValueError(
-        f"mem_len={get('mem_len')}: XLNet's segment memory is not built in "
-        "bertjax yet; set --config.mem_len=0.")
+  mem_len = int(get("mem_len", 0) or 0)
+  if mem_len < 0:
+    raise ValueError(f"mem_len={mem_len} must not be negative; set "
+                     "--config.mem_len to 0 (no memory) or a positive length.")
   if bool(get("scan_layers", False)):
     raise ValueError("scan_layers is not supported by the XLNet model yet; "
                      "set --config.scan_layers=False.")
@@ -388,6 +479,7 @@ def from_config(config: ml_collections.ConfigDict,
       num_heads=size.num_heads,
       mlp_dim=size.mlp_dim,
       clamp_len=int(get("clamp_len", -1)),
+      mem_len=mem_len,
       dropout_rate=float(config["dropout_rate"]),
       attention_dropout_rate=float(config["attention_dropout_rate"]),
       dtype=dtype,

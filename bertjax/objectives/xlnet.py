@@ -38,7 +38,12 @@ proportional to 1/n) are chosen until round(candidates / K) tokens
 themselves, after the other candidates, so the masks keep their definition
 and the predicted tokens are still the last of the order.
 
-Not built yet: segment memory (``mem_len``).
+Segment memory (``mem_len`` > 0) is not the objective's business beyond a
+check: the model declares it (``carry_shapes``), the train step carries it in
+``TrainState.carry``, and the ``stream`` layout makes row r of the next batch
+continue row r's text; this objective only refuses memory without that
+layout. Each segment draws its own order; the memory (the previous segment's
+content-stream states) is visible to every token of both streams.
 """
 
 from __future__ import annotations
@@ -147,9 +152,12 @@ class XLNetObjective:
           f"max_predictions_per_seq={self.num_slots} cannot hold 1/K of "
           f"seq_len={config.seq_len} (K={self.k:g}); set "
           f"--config.max_predictions_per_seq to at least {need}.")
-    if int(config.get("mem_len", 0) or 0) > 0:
-      raise ValueError(f"mem_len={config.mem_len}: XLNet's segment memory is "
-                       "not built yet; set --config.mem_len=0.")
+    if int(config.get("mem_len", 0) or 0) > 0 and config.layout != "stream":
+      raise ValueError(
+          f"mem_len={config.mem_len} carries each row's memory into the same "
+          f"row of the next batch, but layout {config.layout!r} does not "
+          "continue a row's text there; set --config.layout=stream (or "
+          "--config.mem_len=0).")
 
   def corrupt(
       self, rng: jax.Array, batch: Mapping[str, jax.Array], step: jax.Array
