@@ -13,9 +13,13 @@ from jax._src.interpreters import partial_eval as pe
 from bertjax import batch as batch_lib
 from bertjax import config_files
 from bertjax import flops
+from bertjax import models
+from bertjax import objectives
+from bertjax import optim
+from bertjax import sharding
+from bertjax import state as state_lib
 from bertjax import train
 from bertjax.models import sizes
-import variant_steps
 
 
 def _small(name):
@@ -75,7 +79,11 @@ def test_step_flops_are_the_matmuls_of_the_train_step(name):
   # content-stream layer beyond its keys and values) is removed first, as
   # XLA's compiler removes it.
   c = _small(name)
-  mesh, state, step = variant_steps.setup(c, "1,1,1", jax.devices()[:1])
+  mesh = sharding.make_mesh("1,1,1", jax.devices()[:1])
+  model, tx = models.get_model(c), optim.make_optimizer(c)
+  # Traced on the abstract state: nothing is initialised or compiled.
+  state, shardings = state_lib.state_shardings(model, tx, c, mesh)
+  step = train.make_train_step(model, objectives.get_objective(c), tx, shardings, mesh)
   with mesh:
     batch = train.to_global(_pair_batch(c.batch_size, c.seq_len, c.vocab_size), mesh)
     closed = jax.make_jaxpr(step)(state, batch, jax.random.key(0))
