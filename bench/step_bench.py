@@ -31,6 +31,33 @@ step written with HF's PyTorch ElectraForPreTraining and ElectraForMaskedLM):
   python bench/step_bench.py --config=configs/electra.py:small \
       --config.batch_size=8 --config.dropout_rate=0 \
       --config.attention_dropout_rate=0 --compare
+
+XLNet-base (``--config=configs/xlnet.py:base``; both streams counted in
+``bertjax/flops.py``) is compared with HF's PyTorch ``XLNetLMHeadModel`` of
+the same config (``convert/xlnet.py``'s config.json), alone: transformers
+has no Flax XLNet LM head. Both sides get the same order and prediction
+slots: bertjax's objective draws them once on the host (step 0), and
+PyTorch receives them as ``perm_mask`` and ``target_mapping``
+(``bench/torch_attention_steps.py``). What differs: bertjax draws a fresh
+order inside every step (dynamic masking), PyTorch reuses the one it was
+given; and transformers (like XLNet's original code) scatters the query
+stream's P slots to all S positions through ``target_mapping`` before its
+attention, so its query-stream attention scores S rows where bertjax
+scores P (the useful FLOPs count P for both).
+
+UniLM-base (``--config=configs/unilm.py:base``) is BERT's encoder under
+UniLM's masks: it is compared with PyTorch ``BertForPreTraining`` of the
+same sizes, given bertjax's cloze-corrupted tokens and each row's UniLM mask
+as a [B, S, S] ``attention_mask``, loss = cloze + NSP over the bidirectional
+rows as in bertjax. That is the same work up to the MLM head, which
+transformers runs at every position (bertjax at the predicted slots), and
+bertjax's in-step masking; HF Flax BERT takes only [B, S] masks, so it is
+not timed.
+
+  python bench/step_bench.py --config=configs/xlnet.py:base \
+      --config.batch_size=4 --config.seq_len=128 \
+      --config.max_predictions_per_seq=22 --config.dropout_rate=0 \
+      --config.attention_dropout_rate=0 --compare
 """
 
 from __future__ import annotations
@@ -57,6 +84,8 @@ from bertjax import sharding
 from bertjax import state as state_lib
 from bertjax import train
 from bertjax.models import sizes
+
+import torch_attention_steps  # bench/, beside this file
 
 _CONFIG = config_files.define_config_flag("Train config file, e.g. configs/bert.py:tiny.")
 _STEPS = flags.DEFINE_integer("steps", 15, "Timed steps per system.")
@@ -306,6 +335,14 @@ def benchmark(config, *, steps: int = 15, warmup: int = 2,
     # HF has no joint ELECTRA pretraining model: the PyTorch step is written
     # here from its two models (torch_electra_step); no HF Flax counterpart.
     systems["torch"] = torch_electra_step(config)
+  elif compare and config.model == "xlnet":
+    # No Flax XLNet LM head in transformers: PyTorch only.
+    systems["torch"] = torch_attention_steps.xlnet_step(
+        config, synthetic_batch(config))
+  elif compare and config.objective == "unilm":
+    # HF Flax BERT takes no [B, S, S] mask: PyTorch only.
+    systems["torch"] = torch_attention_steps.unilm_step(
+        config, synthetic_batch(config), _hf_config(config))
   elif compare:
     if config.model != "deberta":  # transformers has no Flax DeBERTa
       systems["hf_flax"] = hf_flax_step(config)
@@ -328,6 +365,7 @@ def benchmark(config, *, steps: int = 15, warmup: int = 2,
   useful = flops.step_flops(config)
   record: dict[str, Any] = {
       "model": f"{config.model}-{config.model_size}",
+      "objective": config.get("objective", "bert"),
       "batch_size": int(config.batch_size), "seq_len": int(config.seq_len),
       "dtype": config.dtype, "steps": steps, "devices": jax.device_count(),
       "platform": jax.devices()[0].platform, "peak_flops_per_s": peak,

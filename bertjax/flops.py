@@ -36,17 +36,30 @@ the content stream as above (its Q, K, V and output projections, feed-forward
 and attention over T tokens), and the query stream at the P prediction slots
 (Q and output projections, feed-forward, attention over S keys), plus per
 layer the relative-position scores of both streams against the R = 2S - 1
-sinusoid rows and the rows' projection:
+sinusoid rows, the rows' projection, and the relative-segment scores of both
+streams against the layer's two ``seg_embed`` rows:
 
              + 6 * (2*H*H + 2*H*F) * P + 12 * H * S * P   (query stream)
-             + 6 * (T + P) * R * H + 6 * R * H * H        (relative positions)
+             + 6 * (T + P) * R * H + 4 * R * H * H        (relative positions)
+             + 6 * (T + P) * 2 * H                        (relative segments)
 
-and the LM head is the tied decoder alone (``6 * H * V * P``, no transform).
-The two-row relative-segment scores are not counted. With a segment memory
-of M positions per row (``mem_len``), each layer also projects the memory's
-keys and values (``8 * H * H * M`` per row: stop-gradient, so no input
-gradient), both streams attend over M more
-keys (``12 * H * M * (T + P)``), and R = M + 2S - 1.
+The loss reads the query stream alone, so of the last layer's content stream
+only its keys and values are useful work (the query stream reads them); its
+queries, scores, output projection and feed-forward are not counted (XLA
+drops them from the step as dead code):
+
+             - 6 * (2*H*H + 2*H*F) * T - 12 * H * (S + M) * T - 6 * T * (R + 2) * H
+
+The rows' projection is 4x, not 6x, its forward: the sinusoid table is a
+constant, so the backward pass needs the kernel's gradient only, not the
+input's. The query stream runs at the P = B * max_predictions_per_seq slots
+of the target mapping (``XLNetForPretraining``), whether or not a slot's
+weight is 1, and the LM head is the tied decoder alone (``6 * H * V * P``,
+no transform). With a segment memory of M positions per row (``mem_len``;
+M = 0 above), each layer also projects the memory's keys and values
+(``8 * H * H * M`` per row: stop-gradient, so no input gradient), both
+streams attend over M more keys (``12 * H * M * (T + P)``), and
+R = M + 2S - 1.
 Embedding lookups, biases, LayerNorm, softmax and GELU are not counted, nor is
 rematerialisation's recomputation: MFU measures useful work, so remat lowers
 it honestly.
@@ -156,16 +169,24 @@ def _electra_flops(config, size: sizes.Size, seq_len: int, tokens: int,
 def _xlnet_flops(config, size: sizes.Size, seq_len: int, tokens: int,
                  predictions: int) -> float:
   """XLNet (module docstring): content and query streams, relative
-  positions, the tied LM head at the prediction slots, forward + backward."""
+  positions and segments, the tied LM head at the prediction slots,
+  forward + backward."""
   h, f, layers = size.hidden_size, size.mlp_dim, size.num_layers
   memory = int(config.get("mem_len", 0) or 0)
   rows = memory + 2 * seq_len - 1
+  queries = tokens + predictions  # both streams' query rows
   per_layer = (6.0 * (2 * h * h + 2 * h * f) * predictions
                + 12.0 * h * seq_len * predictions
-               + 6.0 * (tokens + predictions) * rows * h + 6.0 * rows * h * h
+               + 6.0 * queries * rows * h + 4.0 * rows * h * h
+               + 6.0 * queries * 2 * h
                + 8.0 * h * h * memory * (tokens // seq_len)
-               + 12.0 * h * memory * (tokens + predictions))
-  return (_encoder_flops(size, seq_len, tokens) + layers * per_layer
+               + 12.0 * h * memory * queries)
+  # The loss reads only the query stream: of the last layer's content stream
+  # only the keys and values (which the query stream reads) are work.
+  unused = (6.0 * (2 * h * h + 2 * h * f) * tokens
+            + 12.0 * h * (seq_len + memory) * tokens
+            + 6.0 * tokens * (rows + 2) * h)
+  return (_encoder_flops(size, seq_len, tokens) + layers * per_layer - unused
           + 6.0 * h * int(config.vocab_size) * predictions)
 
 

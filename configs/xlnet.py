@@ -6,8 +6,8 @@ The quick local run on the embedded demo corpus:
   python -m bertjax.main --config=configs/xlnet.py:tiny_mem --workdir=/tmp/xlnet-mem
 
 ``get_config(arg)`` takes a model size: ``tiny`` (the demo run), ``base``
-(BERT-base's shape, which XLNet-Base shares, with BERT-base's schedule as the
-paper's Base comparison) or ``large`` (XLNet-Large: 24 layers, H 1024, 16
+(BERT-base's shape, which XLNet-Base shares: 12 layers, H 768, 12 heads, FFN
+3072, 32K vocabulary; BERT-base's schedule, as the paper's Base comparison) or ``large`` (XLNet-Large: 24 layers, H 1024, 16
 heads; the paper's 500K steps of batch 8192 at lr 4e-4; Yang et al., 2019,
 section 3.1 and appendix A.3). A ``_mem`` suffix (``tiny_mem``,
 ``base_mem``) turns on the segment memory: ``mem_len`` = 3/4 of ``seq_len``
@@ -61,6 +61,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     del c[field]  # no NSP, no corrupted input
 
   # --- data ----------------------------------------------------------------
+  c.vocab_size = 8000 if tiny else 32_000  # XLNet's 32K sentencepiece pieces
   c.layout = "full_sentences"
   c.masking = "dynamic"  # a new factorization order every step
   # Static slots: at least ceil(seq_len / K) (the objective checks).

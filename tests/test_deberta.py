@@ -2,6 +2,7 @@
 golden shapes, EMD, and the tiny config on the real train step (mesh
 invariance, exact resume)."""
 
+import json
 import math
 
 import jax
@@ -271,32 +272,50 @@ def small_config(demo_data):
   c.batch_size, c.seq_len, c.max_predictions_per_seq = 8, 32, 5
   c.shuffle_window = 32
   c.num_train_steps, c.warmup_steps = 6, 2
-  c.log_every_steps, c.checkpoint_every_steps = 3, 3
+  c.log_every_steps, c.checkpoint_every_steps = 1, 3
   c.eval_max_batches = 1
+  # The mesh of the reference run: data, fsdp and tensor axes of 2 each.
+  c.mesh_shape = "2,2,2"
   return c
 
 
-def test_same_losses_on_one_device_and_on_a_data_fsdp_tensor_mesh(small_config, demo_data):
+@pytest.fixture(scope="module")
+def reference_run(small_config, tmp_path_factory):
+  """(evaluation record, per-step log) of the real loop's 6 steps of
+  ``small_config`` on the 2x2x2 mesh: the mesh test's 8-device side and the
+  resume test's uninterrupted run, compiled once for both."""
+  workdir = tmp_path_factory.mktemp("deberta_reference")
+  record = train.train_and_evaluate(small_config, str(workdir))
+  with open(workdir / "metrics.jsonl") as f:
+    logged = {r["step"]: r for r in map(json.loads, f) if "loss" in r}
+  return record, logged
+
+
+def test_same_losses_on_one_device_and_on_a_data_fsdp_tensor_mesh(
+    small_config, demo_data, reference_run):
+  _, logged = reference_run
   it = pipeline.make_train_iterator(small_config, demo_data.source("train"),
                                     local_batch_size=small_config.batch_size)
   batches = [next(it) for _ in range(2)]
-  losses = {}
-  for shape, devices in (("1,1,1", jax.devices()[:1]), ("2,2,2", jax.devices())):
-    mesh, state, step_fn = variant_steps.setup(small_config, shape, devices)
-    losses[shape] = []
-    with mesh:
-      for b in batches:
-        state, m = step_fn(state, train.to_global(b, mesh), jax.random.key(0))
-        losses[shape].append(float(m["loss"][0] / m["loss"][1]))
-        for name in ("mlm_loss", "mlm_accuracy"):
-          assert np.isfinite(float(m[name][0])) and float(m[name][1]) > 0
-  np.testing.assert_allclose(losses["2,2,2"], losses["1,1,1"], rtol=1e-5)
-  assert losses["1,1,1"][0] > 0.8 * np.log(small_config.vocab_size)
+  mesh, state, step_fn = variant_steps.setup(small_config, "1,1,1", jax.devices()[:1])
+  one = []
+  with mesh:
+    for b in batches:
+      state, m = step_fn(state, train.to_global(b, mesh),
+                         jax.random.key(small_config.seed))
+      one.append(float(m["loss"][0] / m["loss"][1]))
+      for name in ("mlm_loss", "mlm_accuracy"):
+        assert np.isfinite(float(m[name][0])) and float(m[name][1]) > 0
+  # The reference run's first two steps saw the same batches on the mesh.
+  assert [logged[s]["batch_hash"] for s in (1, 2)] == [
+      train._batch_hash(b) for b in batches]
+  np.testing.assert_allclose([logged[s]["loss"] for s in (1, 2)], one, rtol=1e-5)
+  assert one[0] > 0.8 * np.log(small_config.vocab_size)
 
 
-def test_killed_run_resumes_to_identical_result(small_config, tmp_path):
-  whole, parts = str(tmp_path / "whole"), str(tmp_path / "parts")
-  record = train.train_and_evaluate(small_config, whole)
+def test_killed_run_resumes_to_identical_result(small_config, reference_run, tmp_path):
+  record, _ = reference_run
+  parts = str(tmp_path / "parts")
   assert train.train_and_evaluate(small_config, parts, stop_at_step=3) is None
   assert train.train_and_evaluate(small_config, parts) == record
   assert record["step"] == 6 and 0 < record["baseline_mlm_accuracy"] < 1

@@ -45,9 +45,24 @@ def small(demo_data):
   c.generator_num_layers, c.generator_hidden_size = 2, 64
   c.generator_num_heads, c.generator_mlp_dim = 2, 128
   c.num_train_steps, c.warmup_steps = 6, 2
-  c.log_every_steps = c.checkpoint_every_steps = 3
+  c.log_every_steps, c.checkpoint_every_steps = 1, 3
   c.eval_every_steps, c.eval_max_batches = 0, 1
+  # The mesh of the reference run: data, fsdp and tensor axes of 2 each.
+  c.mesh_shape = "2,2,2"
   return c
+
+
+@pytest.fixture(scope="module")
+def reference_run(small, tmp_path_factory):
+  """(evaluation record, per-step log, workdir) of the real loop's 6 steps of
+  ``small`` on the 2x2x2 mesh: the mesh test's 8-device side, the resume
+  test's uninterrupted run and the gradient test's parameters, compiled once
+  for all three."""
+  workdir = tmp_path_factory.mktemp("electra_reference")
+  record = train.train_and_evaluate(small, str(workdir))
+  with open(workdir / "metrics.jsonl") as f:
+    logged = {r["step"]: r for r in map(json.loads, f) if "loss" in r}
+  return record, logged, str(workdir)
 
 
 def test_gumbel_max_samples_follow_the_softmax():
@@ -119,33 +134,32 @@ def test_a_sample_equal_to_the_original_is_labelled_original(demo_config):
   assert (masked & (want == 0)).any()
 
 
-@pytest.fixture(scope="module")
-def tiny_model_step(small):
-  config = small
-  model = models.get_model(config)
-  objective = objectives.get_objective(config)
-  params = nn.meta.unbox(jax.jit(lambda r: model.init(
-      {"params": r}, state_lib.dummy_inputs(config, 4), deterministic=True))(
-          jax.random.key(0))["params"])
-  return config, model, objective, params
-
-
 def test_discriminator_loss_sends_no_gradient_into_the_generator(
-    tiny_model_step, demo_data):
-  config, model, objective, params = tiny_model_step
+    small, reference_run, demo_data):
+  # The trained parameters of the reference run: no zero-initialised tensor
+  # can hide a gradient.
+  config = small
+  model, objective = models.get_model(config), objectives.get_objective(config)
+  params = jax.device_get(nn.meta.unbox(_restore(config, reference_run[2], 6).params))
   it = pipeline.make_train_iterator(config, demo_data.source("train"),
                                     local_batch_size=config.batch_size)
   batch = {k: jnp.asarray(v) for k, v in next(it).items()}
   inputs, targets = objective.corrupt(jax.random.key(0), batch, jnp.int32(0))
 
-  def term(name, p):
+  def terms(p):
     apply = base.bind(model, p, deterministic=True)
     out = base.forward(objective, apply, inputs, targets)
     metrics = objective.loss(out, targets)[1]
-    return metrics[name][0] / metrics[name][1]
+    return tuple(metrics[k][0] / metrics[k][1] for k in ("disc_loss", "mlm_loss"))
 
-  disc, gen = jax.jit(lambda p: (jax.grad(lambda q: term("disc_loss", q))(p),
-                                 jax.grad(lambda q: term("mlm_loss", q))(p)))(params)
+  @jax.jit
+  def gradients(p):
+    # One forward pass, two backward passes: each loss term's own gradient.
+    _, pullback = jax.vjp(terms, p)
+    one, zero = jnp.float32(1), jnp.float32(0)
+    return pullback((one, zero))[0], pullback((zero, one))[0]
+
+  disc, gen = gradients(params)
 
   def norms(grads, part):
     return [float(jnp.abs(g).max()) for g in jax.tree.leaves(grads[part])]
@@ -210,38 +224,47 @@ def test_bad_electra_fields_are_named():
     models.get_model(config)
 
 
-def test_same_losses_on_one_device_and_on_a_2x2x2_mesh(small, demo_data):
+def _restore(config, workdir, step):
+  """The train state of ``workdir``'s checkpoint at ``step``."""
+  model, tx = models.get_model(config), optim.make_optimizer(config)
+  mesh = sharding.make_mesh(config.mesh_shape)
+  abstract, shardings = state_lib.state_shardings(model, tx, config, mesh)
+  state, _ = checkpointing.Checkpointer(workdir).restore(step, abstract, shardings)
+  return state
+
+
+def test_same_losses_on_one_device_and_on_a_2x2x2_mesh(small, demo_data, reference_run):
+  _, logged, _ = reference_run
+  names = ("loss", "mlm_loss", "disc_loss", "replaced_fraction")
   it = pipeline.make_train_iterator(small, demo_data.source("train"),
                                     local_batch_size=small.batch_size)
   batches = [next(it) for _ in range(2)]
-  results = {}
-  for name, devices, shape in (("one", jax.devices()[:1], "1,1,1"),
-                               ("mesh", jax.devices(), "2,2,2")):
-    mesh, state, step_fn = variant_steps.setup(small, shape, devices)
-    rows = []
-    with mesh:
-      for b in batches:
-        state, m = step_fn(state, train.to_global(b, mesh), jax.random.key(0))
-        rows.append([float(m[k][0] / m[k][1])
-                     for k in ("loss", "mlm_loss", "disc_loss", "replaced_fraction")])
-      if name == "one":
-        # The useful-FLOP count (generator included) against XLA's count of
-        # the lowered step (no second compile), which adds softmax, GELU,
-        # LayerNorm, sampling and Adam: a little higher, never lower.
-        cost = step_fn.lower(state, train.to_global(b, mesh),
-                             jax.random.key(0)).cost_analysis()
-        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-        ratio = cost["flops"] / flops.step_flops(small)
-        assert 1.0 <= ratio < 1.5, ratio
-    results[name] = np.asarray(rows)
-  one = results["one"]
+  mesh, state, step_fn = variant_steps.setup(small, "1,1,1", jax.devices()[:1])
+  rows = []
+  with mesh:
+    for b in batches:
+      state, m = step_fn(state, train.to_global(b, mesh), jax.random.key(small.seed))
+      rows.append([float(m[k][0] / m[k][1]) for k in names])
+    # The useful-FLOP count (generator included) against XLA's count of
+    # the lowered step (no second compile), which adds softmax, GELU,
+    # LayerNorm, sampling and Adam: a little higher, never lower.
+    cost = step_fn.lower(state, train.to_global(b, mesh),
+                         jax.random.key(small.seed)).cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    ratio = cost["flops"] / flops.step_flops(small)
+    assert 1.0 <= ratio < 1.5, ratio
+  one = np.asarray(rows)
   assert np.all(np.isfinite(one)) and np.all(one[:, 3] > 0)
-  np.testing.assert_allclose(results["mesh"], one, rtol=1e-5)
+  # The reference run's first two steps saw the same batches on the mesh.
+  assert [logged[s]["batch_hash"] for s in (1, 2)] == [
+      train._batch_hash(b) for b in batches]
+  on_mesh = np.asarray([[logged[s][k] for k in names] for s in (1, 2)])
+  np.testing.assert_allclose(on_mesh, one, rtol=1e-5)
 
 
-def test_killed_run_resumes_to_identical_result(small, tmp_path):
-  ref_dir, workdir = str(tmp_path / "ref"), str(tmp_path / "resumed")
-  ref = train.train_and_evaluate(small, ref_dir)
+def test_killed_run_resumes_to_identical_result(small, reference_run, tmp_path):
+  ref, ref_logged, ref_dir = reference_run
+  workdir = str(tmp_path / "resumed")
   for key in ("mlm_accuracy", "disc_accuracy", "disc_all_original_accuracy",
               "disc_precision", "disc_recall", "replaced_fraction",
               "baseline_mlm_accuracy"):
@@ -249,15 +272,9 @@ def test_killed_run_resumes_to_identical_result(small, tmp_path):
   assert train.train_and_evaluate(small, workdir, stop_at_step=3) is None
   assert train.train_and_evaluate(small, workdir) == ref
 
-  def losses(d):
-    with open(os.path.join(d, "metrics.jsonl")) as f:
-      return {r["step"]: r["loss"] for r in map(json.loads, f) if "loss" in r}
-
-  assert losses(workdir)[6] == losses(ref_dir)[6]
-  model, tx = models.get_model(small), optim.make_optimizer(small)
-  mesh = sharding.make_mesh(small.mesh_shape)
-  abstract, shardings = state_lib.state_shardings(model, tx, small, mesh)
-  a, _ = checkpointing.Checkpointer(ref_dir).restore(6, abstract, shardings)
-  b, _ = checkpointing.Checkpointer(workdir).restore(6, abstract, shardings)
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    losses = {r["step"]: r["loss"] for r in map(json.loads, f) if "loss" in r}
+  assert losses[6] == ref_logged[6]["loss"]
+  a, b = _restore(small, ref_dir, 6), _restore(small, workdir, 6)
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
