@@ -1,5 +1,6 @@
 """Fine-tuning end to end on the demo tasks (issue 16, items 1-2): a tiny BERT
-pretrained here, then fine-tuned on cloze QA; exact resume; bad input; and
+pretrained here, then fine-tuned on cloze QA; exact resume; the non-finite
+guard; bad input; and
 the real all-MiniLM-L6-v2 on sentence coherence against a random model of its
 size."""
 
