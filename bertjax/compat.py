@@ -107,7 +107,7 @@ _SAFE_FIELDS = (
     "eval_seed", "nonfinite", "max_consecutive_skips", "debug_nan_step",
     "allow_changes", "restart_from_scratch",
     # Fine-tuning: where TFDS tasks live, decoding, which metric picks the best.
-    "tfds_data_dir", "max_answer_tokens", "main_metric", "max_eval_examples")
+    "tfds_data_dir", "max_answer_tokens", "max_answer_words", "main_metric", "max_eval_examples")
 
 # The one table: config field -> LAYOUT, STREAM or SAFE.
 FIELDS: dict[str, str] = {

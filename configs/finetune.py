@@ -40,6 +40,9 @@ def get_config(arg: str = "coherence") -> ml_collections.ConfigDict:
   c.max_query_tokens = 64  # QA: the question is cut to this many tokens
   # QA: longest answer span decoded (a cloze answer is one word: a few pieces)
   c.max_answer_tokens = 8 if task == "cloze_qa" else 30
+  # QA: longest answer in whitespace-separated words of the context (0 = no
+  # limit); a cloze answer is one word, so its span must stay inside one
+  c.max_answer_words = 1 if task == "cloze_qa" else 0
 
   c.batch_size = 32
   c.num_epochs = 3.0
@@ -53,6 +56,9 @@ def get_config(arg: str = "coherence") -> ml_collections.ConfigDict:
   c.weight_decay = 0.01
   c.grad_clip_norm = 1.0
   c.main_metric = ""  # best-checkpoint metric; '' = the task's (accuracy, pearson, f1 ...)
+  c.nonfinite = "stop"  # NaN/Inf loss or gradient: 'stop' at once | 'skip' the update
+  c.max_consecutive_skips = 10  # 'skip' mode gives up after this many in a row
+  c.debug_nan_step = -1  # test hook: make this step's loss NaN (-1 = never)
 
   c.mesh_shape = "-1,1,1"  # devices on data,fsdp,tensor
   c.seed = 0  # head init, batch order, dropout

@@ -304,9 +304,10 @@ def test_nsp_and_sop_rebuilds_move_the_units_with_their_tokens():
                                             jnp.asarray(use))
   swapped = jax.jit(sop.swap_segments)(batch, jnp.asarray(use))
   for i, (a, b, row) in enumerate(rows):
-    pb = rows[partner[i]][1]
-    keep = seq_len - 3 - len(a.tokens)
-    cut = packing.Segment(*(x[:keep] for x in pb))
+    # The partner's passage (its A then its B), cut to this row's B length.
+    pa, pb = rows[partner[i]][:2]
+    keep = min(len(b.tokens), len(pa.tokens) + len(pb.tokens))
+    cut = packing.Segment(*(np.concatenate([x, y])[:keep] for x, y in zip(pa, pb)))
     want_nsp = packing.pair_row(a, cut, seq_len) if use[i] else row
     want_sop = packing.pair_row(b, a, seq_len) if use[i] else row
     for name in ("word_starts",) + KNOWLEDGE:

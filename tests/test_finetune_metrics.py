@@ -123,6 +123,29 @@ def test_decoding_is_always_a_legal_span_and_the_best_one():
     assert b < e  # never reversed, never an empty or outside span
 
 
+def test_word_limit_keeps_the_answer_inside_one_word():
+  # Pieces "cat" "alog" | "page" "s." with their offsets, between [CLS] and [SEP].
+  context = "catalog pages."
+  offsets = np.array([[-1, -1], [0, 3], [3, 7], [8, 12], [12, 14], [-1, -1]])
+  mask = offsets[:, 0] >= 0
+  np.testing.assert_array_equal(qa.word_index(context, offsets), [-1, 0, 0, 1, 1, -1])
+  s_log = np.array([0, 5.0, 0, 0.5, 0, 0])
+  e_log = np.array([0, 0, 1.0, 5.0, 0, 0])
+  # Without a word limit the best pair is start 1 + end 3 = 10, two words.
+  b, e, score = qa.best_span([s_log], [e_log], [mask], [offsets], 8)
+  assert (context[b:e], score) == ("catalog page", 10.0)
+  # Inside one word: (1, 2) = 6 beats (3, 3) = 5.5 and (1, 1) = 5.
+  b, e, score = qa.best_span([s_log], [e_log], [mask], [offsets], 8, context=context,
+                             max_answer_words=1)
+  assert (context[b:e], score) == ("catalog", 6.0)
+  e_log[2] = -5.0  # now (3, 3) = 5.5 is the best one-word pair
+  b, e, score = qa.best_span([s_log], [e_log], [mask], [offsets], 8, context=context,
+                             max_answer_words=1)
+  assert (context[b:e], score) == ("page", 5.5)
+  with pytest.raises(ValueError, match="context"):
+    qa.best_span([s_log], [e_log], [mask], [offsets], 8, max_answer_words=1)
+
+
 def test_window_arguments_are_checked():
   ids, offsets = _words("a b c d e f")
   with pytest.raises(ValueError, match="doc_stride"):

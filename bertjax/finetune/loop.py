@@ -2,14 +2,18 @@
 
 What is reused from pretraining, and what is not:
   * the step: ``train.make_train_step`` (jitted once, in/out shardings, donated
-    state, non-finite guard), with ``objective.FineTuneObjective`` as objective
+    state; an update with a NaN/Inf loss or gradient is not applied), with ``objective.FineTuneObjective`` as objective
     and ``heads.FineTuneModel`` as model;
   * the state and its sharded layout (``state.state_shardings``), the optimizer
     (``optim.make_optimizer``, with layer-wise learning-rate decay chained on),
     the mesh (``sharding``), the orbax checkpoints and their compatibility
     check (``checkpointing.Checkpointer``, ``compat``), the best checkpoint
     (``checkpointing.BestCheckpoint``, fed the negated main metric), the metric
-    writer (JSON lines + TensorBoard).
+    writer (JSON lines + TensorBoard), the non-finite policy
+    (``guards.NonFiniteGuard``: ``config.nonfinite`` 'stop' ends the run at the
+    first skipped update with nothing saved after the last good step, 'skip'
+    carries on until ``config.max_consecutive_skips`` in a row; the count of
+    skipped updates is in the returned record as ``skipped_steps``).
   * Not reused: ``train._train_and_evaluate``'s loop body, which is tied to
     prepared pretraining shards, the grain pipeline and masked-LM evaluation.
     A task's examples fit in host memory, so the data source here is an
@@ -42,6 +46,7 @@ from flax import linen as nn
 
 from bertjax import checkpointing
 from bertjax import compat
+from bertjax import guards
 from bertjax import metrics as metrics_lib
 from bertjax import optim
 from bertjax import sharding
@@ -193,6 +198,9 @@ def _check(config) -> None:
     raise ValueError(f"layer_decay {config.layer_decay} must be in (0, 1]; 1 turns it off.")
   if not 0.0 <= config.warmup_fraction < 1.0:
     raise ValueError(f"warmup_fraction {config.warmup_fraction} must be in [0, 1).")
+  if config.get("nonfinite", "stop") not in guards.NONFINITE_MODES:
+    raise ValueError(f"config.nonfinite={config.nonfinite!r} is invalid; set "
+                     f"--config.nonfinite to one of {', '.join(guards.NONFINITE_MODES)}.")
   if config.pooling not in heads.POOLINGS:
     raise ValueError(f"Unknown pooling {config.pooling!r}; set --config.pooling to one of "
                      f"{', '.join(heads.POOLINGS)}.")
@@ -255,7 +263,9 @@ def score(task: tasks_lib.Task, examples, feats, logits: np.ndarray, config
     rows = by_example.get(i, [])
     b, e, _ = qa_lib.best_span([logits[r, :, 0] for r in rows], [logits[r, :, 1] for r in rows],
                                [feats["context_mask"][r] for r in rows],
-                               [feats["offsets"][r] for r in rows], config.max_answer_tokens)
+                               [feats["offsets"][r] for r in rows], config.max_answer_tokens,
+                               context=ex["context"],
+                               max_answer_words=config.get("max_answer_words", 0))
     text = ex["context"][b:e]
     answers.append(text)
     records.append({"id": ex["id"], "prediction": text, "answers": ex["answers"]})
@@ -283,7 +293,12 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
 
   Returns:
     The last evaluation: ``{'step', 'epoch', <metrics>, 'main_metric',
+    'skipped_steps' (updates of this process's run not applied: NaN/Inf),
     'best': {'step', <main metric>}}``, or None when stopped early.
+
+  Raises:
+    guards.NonFiniteLoss: a NaN/Inf loss or gradient under the
+      ``config.nonfinite`` policy (module docstring).
   """
   _check(config)
   # The task's files are read before the init's weights: bad task input is
@@ -336,12 +351,23 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
     logging.info("Resuming fine-tuning from step %d.", step)
   step = int(jax.device_get(state.step))
 
-  step_fn = train.make_train_step(model, objective, tx, shardings, mesh)
+  step_fn = train.make_train_step(model, objective, tx, shardings, mesh,
+                                  debug_nan_step=cfg.get("debug_nan_step", -1))
+  nonfinite = guards.NonFiniteGuard(cfg.get("nonfinite", "stop"),
+                                    cfg.get("max_consecutive_skips", 10))
   rng = jax.random.key(cfg.seed)
   writer = metrics_lib.MetricWriter(workdir)
   best = checkpointing.BestCheckpoint(workdir)
   last = cfg.num_train_steps if stop_at_step is None else min(stop_at_step, cfg.num_train_steps)
   record, acc, t0, s0 = None, None, time.time(), step
+  previous = None  # (step, its 'skipped' flag), read one step late
+
+  def check_previous():
+    nonlocal previous
+    if previous is not None:
+      nonfinite.check(*previous)
+      previous = None
+
   try:
     with mesh:
       while step < last:
@@ -349,6 +375,8 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
         state, m = step_fn(state, train.to_global(batch, mesh), rng)
         step += 1
         acc = metrics_lib.add(acc, m)
+        check_previous()  # the step before this one: the device has moved on
+        previous = (step, m["skipped"])
         if step % cfg.log_every_steps == 0 or step == last:
           scalars = metrics_lib.reduce(acc)
           acc = None
@@ -365,11 +393,13 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
           print(line, flush=True)
         epoch_end = step % cfg.steps_per_epoch == 0 or step == cfg.num_train_steps
         if step % cfg.checkpoint_every_steps == 0 or epoch_end or step == last:
+          check_previous()  # never checkpoint a step that went bad
           checkpointer.save(step, state, it.get_state(), cfg, fingerprint)
         if epoch_end:
           record = evaluate(cfg, task, model, state.params, eval_feats, mesh, step,
                             workdir_path, writer)
           best.offer(step, -record[cfg.main_metric], state, it.get_state(), cfg, fingerprint)
+      check_previous()
   finally:
     checkpointer.close()
     writer.close()
@@ -380,6 +410,7 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
   if record is None:  # resumed after the last step: evaluate once more
     record = evaluate(cfg, task, model, state.params, eval_feats, mesh, step,
                       workdir_path, None)
+  record["skipped_steps"] = nonfinite.total
   record["best"] = {"step": best.best["step"], cfg.main_metric: -best.best["loss"]}
   print(json.dumps(record), flush=True)
   return record

@@ -9,13 +9,19 @@ inside the next. Each context token keeps its character span in the context
 Decoding (``best_span``) scores every (start, end) pair of context tokens of
 every window of a question with ``start_logit + end_logit``, keeps only legal
 pairs (both in the context, ``start <= end``, at most ``max_answer_tokens``
-tokens) and returns the best pair's characters; a span is therefore never
-reversed and never leaves the context, whatever the logits.
+tokens and, when ``max_answer_words`` is set, inside that many
+whitespace-separated words of the context) and returns the best pair's
+characters; a span is therefore never reversed and never leaves the context,
+whatever the logits. The word limit is for tasks whose answers are known to be
+short in words (cloze: one word): without it a model's span may run over
+several words, which SQuAD's F1 rewards with partial credit for containing
+the answer rather than for finding it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Sequence
 
 import numpy as np
@@ -101,9 +107,18 @@ def windows(example: int, question_ids: np.ndarray, context_ids: np.ndarray,
   return out
 
 
+def word_index(context: str, offsets: np.ndarray) -> np.ndarray:
+  """Which whitespace-separated word of ``context`` each token begins in:
+  int [n] for ``offsets`` int [n, 2] (rows of -1, non-context tokens, get -1)."""
+  starts = np.asarray([m.start() for m in re.finditer(r"\S+", context)], np.int64)
+  words = np.searchsorted(starts, offsets[:, 0], side="right") - 1
+  return np.where(offsets[:, 0] >= 0, words, -1)
+
+
 def best_span(start_logits: Sequence[np.ndarray], end_logits: Sequence[np.ndarray],
               context_masks: Sequence[np.ndarray], offsets: Sequence[np.ndarray],
-              max_answer_tokens: int) -> tuple[int, int, float]:
+              max_answer_tokens: int, *, context: str | None = None,
+              max_answer_words: int = 0) -> tuple[int, int, float]:
   """The best legal span of one question over all its windows.
 
   Args:
@@ -111,17 +126,25 @@ def best_span(start_logits: Sequence[np.ndarray], end_logits: Sequence[np.ndarra
     context_masks: bool [seq_len] per window.
     offsets: int [seq_len, 2] per window.
     max_answer_tokens: longest span, in tokens.
+    context: the context text the offsets index (needed for max_answer_words).
+    max_answer_words: longest span, in whitespace-separated words of the
+      context; 0 = no limit.
 
   Returns:
     (begin, end) characters of the answer in the context and its score;
     (0, 0, -inf) when no window has a context token.
   """
+  if max_answer_words and context is None:
+    raise ValueError("best_span needs the context text to limit answers in words.")
   best = (0, 0, -np.inf)
   for s_log, e_log, mask, off in zip(start_logits, end_logits, context_masks, offsets):
     n = len(mask)
     i = np.arange(n)
     legal = (mask[:, None] & mask[None, :] & (i[None, :] >= i[:, None])
              & (i[None, :] - i[:, None] < max_answer_tokens))
+    if max_answer_words:
+      w = word_index(context, np.asarray(off))
+      legal &= w[None, :] - w[:, None] < max_answer_words
     if not legal.any():
       continue
     scores = np.where(legal, np.asarray(s_log, np.float64)[:, None]

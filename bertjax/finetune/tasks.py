@@ -106,23 +106,27 @@ def _demo_documents() -> tuple[tuple, tuple]:
 
 
 def coherence_examples(docs, seed: int = 0, sentences: int = 2) -> list[dict[str, Any]]:
-  """Pairs of passages of ``sentences`` sentences: B follows A in its document
-  (label 1) or is a passage of another document (0), half and half, drawn
-  with a fixed generator. A starts at every sentence that leaves room for B."""
+  """Pairs of passages of ``sentences`` sentences. Every passage A that has a
+  successor gives two pairs: A with the passage that follows it in its
+  document (label 1), and A with a passage drawn at random from another
+  document (label 0, from a fixed generator). Each A therefore appears once
+  with each label, so nothing about A alone (its length, its document, its
+  place) predicts the label: only how B relates to A does. A starts at every
+  sentence that leaves room for a whole B."""
   rng = np.random.default_rng(seed)
   out = []
   for d, (_, sents) in enumerate(docs):
-    for i in range(len(sents) - sentences):
+    for i in range(len(sents) - 2 * sentences + 1):
       a = " ".join(sents[i:i + sentences])
-      if len(docs) > 1 and rng.random() < 0.5:
-        other = int(rng.integers(len(docs) - 1))
-        other += other >= d
-        pool = docs[other][1]
-        j = int(rng.integers(max(len(pool) - sentences, 0) + 1))
-        out.append({"text_a": a, "text_b": " ".join(pool[j:j + sentences]), "label": 0})
-      else:
-        out.append({"text_a": a, "text_b": " ".join(sents[i + sentences:i + 2 * sentences]),
-                    "label": 1})
+      out.append({"text_a": a, "text_b": " ".join(sents[i + sentences:i + 2 * sentences]),
+                  "label": 1})
+      if len(docs) < 2:
+        continue
+      other = int(rng.integers(len(docs) - 1))
+      other += other >= d
+      pool = docs[other][1]
+      j = int(rng.integers(max(len(pool) - sentences, 0) + 1))
+      out.append({"text_a": a, "text_b": " ".join(pool[j:j + sentences]), "label": 0})
   return out
 
 

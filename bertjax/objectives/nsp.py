@@ -2,9 +2,17 @@
 
 Rows of the sentence-pair layout are exactly ``[CLS] A [SEP] B [SEP] PAD...``
 with ``a_lengths``/``b_lengths`` (bertjax/batch.py), so a negative is an array
-transform: keep the row's A, borrow the B of another example of the batch
-that comes from a different document. ``pair_with_b_from`` is that pure
-rebuild; sentence-order variants (ALBERT's SOP) sit next to it.
+transform: keep the row's A, and fill its B with text of another example of
+the batch that comes from a different document. ``pair_with_b_from`` is that
+pure rebuild; sentence-order variants (ALBERT's SOP) sit next to it.
+
+A negative keeps its row's own B length (as BERT's data script aims a random
+B at the same target length as a true one): the borrowed text is the
+partner's passage, A then B, read from its start. Borrowing only the
+partner's B, cut to fit, made negatives shorter than positives -- a positive
+row fills its target length, a negative's total was A_i + B_p -- and on the
+demo corpus padding alone then told the label apart 71% of the time, so NSP
+learnt the padding instead of coherence (issue 16).
 
 Labels: 0 = "B is the next sentence" (row unchanged), 1 = "B is random"
 (B borrowed), as in BERT's reference data script.
@@ -29,12 +37,14 @@ _ROW_FIELDS = ("tokens", "segment_ids", "positions", "doc_ids", "word_starts",
 
 def pair_with_b_from(batch: Mapping[str, jax.Array], partner_index: jax.Array,
                      use_partner: jax.Array) -> dict[str, jax.Array]:
-  """Replaces the B segment of chosen rows with the B of a partner row.
+  """Replaces the B segment of chosen rows with text of a partner row.
 
-  A row i with ``use_partner[i]`` becomes ``[CLS] A_i [SEP] B_p [SEP] PAD...``
-  (p = ``partner_index[i]``), with B_p cut to its first
-  ``seq_len - 3 - a_lengths[i]`` tokens when it would not fit, so the final
-  [SEP] is always kept. Tokens and word starts come from gathers; the rest
+  A row i with ``use_partner[i]`` becomes ``[CLS] A_i [SEP] P [SEP] PAD...``
+  (p = ``partner_index[i]``), where P is the first
+  ``min(b_lengths[i], a_lengths[p] + b_lengths[p])`` tokens of the partner's
+  passage A_p B_p (its [SEP] left out): the row keeps its length, and so
+  its padding, whenever the partner has that much text. Tokens and word
+  starts come from gathers; the rest
   follows the packer's layout (bertjax/data/packing.py): segment ids 0 up to
   the first [SEP], 1 for B and the last [SEP], 0 on padding; positions
   0..L-1; doc ids 1, 0 on padding; special at CLS, SEP and padding; word
@@ -55,8 +65,9 @@ def pair_with_b_from(batch: Mapping[str, jax.Array], partner_index: jax.Array,
   t = jnp.arange(seq_len, dtype=jnp.int32)[None, :]
   a_len = batch["a_lengths"][:, None]
   partner_a = batch["a_lengths"][partner_index][:, None]
-  new_b = jnp.minimum(batch["b_lengths"][partner_index],
-                      seq_len - 3 - batch["a_lengths"])
+  new_b = jnp.minimum(batch["b_lengths"],
+                      batch["a_lengths"][partner_index]
+                      + batch["b_lengths"][partner_index])
   b_start = a_len + 2
   b_end = b_start + new_b[:, None]  # where the final [SEP] goes
 
@@ -65,8 +76,10 @@ def pair_with_b_from(batch: Mapping[str, jax.Array], partner_index: jax.Array,
   is_sep = (t == a_len + 1) | (t == b_end)
   is_pad = t > b_end
   is_word = (t == 0) | is_sep  # CLS and SEP are one-token words
-  # Column of the partner's row that lands at t (only read inside B).
-  source = jnp.where(in_b, t - b_start + partner_a + 2, t)
+  # Column of the partner's row that lands at t (only read inside B): its A
+  # from column 1, then its B after skipping its [SEP].
+  k = t - b_start
+  source = jnp.where(in_b, jnp.where(k < partner_a, k + 1, k + 2), t)
 
   def from_partner(name):
     return jnp.take_along_axis(batch[name][partner_index], source, axis=1)
@@ -95,12 +108,16 @@ def pair_with_b_from(batch: Mapping[str, jax.Array], partner_index: jax.Array,
 
 def choose_partners(rng: jax.Array, example_id: jax.Array,
                     example_mask: jax.Array,
-                    b_lengths: jax.Array) -> tuple[jax.Array, jax.Array]:
+                    b_lengths: jax.Array,
+                    a_lengths: jax.Array | None = None
+                    ) -> tuple[jax.Array, jax.Array]:
   """For every example, a random partner from a different document.
 
   Partners are drawn uniformly among the real examples (``example_mask``) of
-  the batch with a non-empty B whose document (``example_id[:, 0]``) differs.
-  The score of pair (i, j) comes from a key folded from both example ids, so
+  the batch with a non-empty B whose document (``example_id[:, 0]``) differs,
+  preferring those whose passage (A + B) has at least this example's
+  ``b_lengths`` tokens, so that the negative keeps the row's length
+  (``pair_with_b_from``). The score of pair (i, j) comes from a key folded from both example ids, so
   the chosen partner's identity does not depend on where the two examples sit
   in the batch (nor on the number of devices).
 
@@ -109,6 +126,7 @@ def choose_partners(rng: jax.Array, example_id: jax.Array,
     example_id: int32 [B, 2].
     example_mask: bool [B].
     b_lengths: int32 [B].
+    a_lengths: int32 [B]; None: no preference by length.
 
   Returns:
     partner_index int32 [B], has_partner bool [B] (False: no valid partner,
@@ -126,6 +144,10 @@ def choose_partners(rng: jax.Array, example_id: jax.Array,
   scores = jax.vmap(row_scores)(row_keys)  # [B, B]
   valid = ((doc[:, None] != doc[None, :]) & example_mask[None, :]
            & (b_lengths[None, :] > 0))
+  if a_lengths is not None:
+    # Long enough partners score in [1, 2), the others in [0, 1).
+    scores = scores + ((a_lengths + b_lengths)[None, :]
+                       >= b_lengths[:, None]).astype(scores.dtype)
   partner = jnp.argmax(jnp.where(valid, scores, -1.0), axis=1)
   return partner.astype(jnp.int32), jnp.any(valid, axis=1)
 
@@ -156,7 +178,7 @@ def make_negatives(
       decision_keys)
   partner, has_partner = choose_partners(
       partner_rng, batch["example_id"], batch["example_mask"],
-      batch["b_lengths"])
+      batch["b_lengths"], batch["a_lengths"])
   use = wants & has_partner & batch["example_mask"]
   if eligible is not None:
     use = use & eligible
