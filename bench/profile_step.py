@@ -35,18 +35,21 @@ time, not of wall time.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import glob
 import gzip
 import json
 import os
 import re
+import shutil
 import statistics
 import sys
 import tempfile
 import time
 
 _DUMP = tempfile.mkdtemp(prefix="profile_step_hlo_")
+atexit.register(shutil.rmtree, _DUMP, ignore_errors=True)
 # HF's step is compiled inside step_bench; its optimised HLO is read from the
 # dump. Must be set before the backend starts.
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
