@@ -1,80 +1,152 @@
-r"""Where the time of the jitted bertjax train step goes, by part of the model.
+r"""Where the time of a jitted train step goes: bertjax beside HF Flax.
 
-  python bench/profile_step.py --config=configs/bert.py:mini \
-      --config.vocab_size=30522 --config.batch_size=32 \
-      --config.dropout_rate=0 --config.attention_dropout_rate=0
+  JAX_PLATFORMS=cpu python bench/profile_step.py \
+      --config=configs/bert.py:base --config.batch_size=8 --config.seq_len=128 \
+      --config.max_predictions_per_seq=20 --config.dropout_rate=0 \
+      --config.attention_dropout_rate=0 [--systems=bertjax,hf_flax]
 
-Times a few steps under ``jax.profiler.trace`` (with a Perfetto trace), maps
-every executed XLA op back to the JAX operation that produced it (the
-``op_name`` metadata of the compiled HLO) and prints one JSON line: the step's
-median wall time and the op time per part -- forward or backward of the
-encoder's attention, feed-forward and LayerNorms, the embeddings, the MLM head
-and loss, the sentence head, the optimizer and the in-step corruption. Op
-times of the two CPU threads overlap, so they are shares, not wall time.
+(``JAX_PLATFORMS=cpu``: where libtpu is installed, its profiler plugin
+crashes the CPU trace.) Each system's step (``bench/step_bench.py``) is timed
+for a few steps, then traced under ``jax.profiler.trace``; every executed XLA
+op is mapped back to its compiled HLO instruction and to the JAX operation
+that produced it (the instruction's ``op_name`` metadata). Prints one JSON line
+with, per system, the median step wall time and the op time split two ways,
+with the same tool and the same categories for both systems:
+
+  kind  what the op computes: ``dot`` (a matmul, alone or fused),
+        ``transpose/copy`` (data movement only), ``reduce`` (a fused
+        reduction: softmax, LayerNorm and loss statistics, norms),
+        ``elementwise`` (loop fusions: activations, masks, adds, the
+        optimizer's arithmetic), ``other``;
+  part  where in the step it comes from: forward / backward of the encoder's
+        attention, feed-forward and LayerNorms, the embeddings, the MLM head,
+        the sentence head, the loss and metric reductions, the in-step
+        corruption, the optimizer (norm, clipping, AdamW, apply) and the
+        non-finite guard's selects (bertjax names these with
+        ``jax.named_scope`` in ``bertjax/train.py``; in HF's step every op
+        outside the model's module is the loss or the optimizer).
+
+Also reported for bertjax: how many state buffers the compiled step donates
+(aliases to its outputs) and the host->device time of one batch
+(``train.to_global``), the parts of a real step outside the jitted function.
+Op times of the CPU's threads overlap, so kind and part are shares of op
+time, not of wall time.
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
 import glob
 import gzip
 import json
 import os
 import re
+import shutil
 import statistics
 import sys
 import tempfile
 import time
 
-import jax
-from absl import app
-from absl import flags
+_DUMP = tempfile.mkdtemp(prefix="profile_step_hlo_")
+atexit.register(shutil.rmtree, _DUMP, ignore_errors=True)
+# HF's step is compiled inside step_bench; its optimised HLO is read from the
+# dump. Must be set before the backend starts.
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                           f" --xla_dump_to={_DUMP} --xla_dump_hlo_as_text"
+                           " --xla_dump_hlo_module_re=jit_(train_)?step")
+
+import jax  # noqa: E402
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
-# The benchmark's step; importing it also defines the --config flag.
+# The benchmark's steps; importing it also defines the --config flag.
 import step_bench  # noqa: E402
+from bertjax import train  # noqa: E402
 
-# (part, pattern on the op_name), first match wins.
-# Patterns match whole path components where a substring would mislead
-# ("transpose" contains "nsp").
+_SYSTEMS = flags.DEFINE_list("systems", ["bertjax", "hf_flax"],
+                             "Which steps to profile: bertjax, hf_flax.")
+_STEPS = flags.DEFINE_integer("profile_steps", 3, "Timed and traced steps.")
+_TOP = flags.DEFINE_integer("top", 0, "Also list the N costliest ops "
+                            "(instruction, kind, op_name, share).")
+
+# (part, pattern on the op_name), first match wins. Patterns match whole path
+# components where a substring would mislead ("transpose" contains "nsp").
+# bertjax's module names and HF's (LayerNorm, intermediate, output,
+# cls/predictions) side by side.
 _PARTS = (
-    ("corrupt", r"corrupt|threefry|random_bits|top_k|(^|/)sort"),
-    ("optimizer", r"adam|lamb|optax|clip|apply_updates|global_norm|scale_by"),
-    ("mlm_head+loss", r"mlm|log_softmax|take_along_axis|logsumexp"),
+    ("corrupt", r"(^|/)corrupt(/|$)"),
+    ("nonfinite_guard", r"(^|/)nonfinite_guard(/|$)"),
+    ("optimizer", r"(^|/)optimizer(/|$)"),
+    ("mlm_head", r"(^|/)(mlm_head|predictions)(/|$)"),
     ("sentence_head", r"(^|/)(pooler|nsp|sop)(/|$)"),
     ("embeddings", r"(^|/)embeddings(/|$)"),
-    ("layer_norm", r"_norm(/|$)|layer_norm"),
+    ("layer_norm", r"_norm(/|$)|(^|/)LayerNorm(/|$)"),
     ("attention", r"(^|/)attention(/|$)"),
-    ("feed_forward", r"(^|/)mlp(/|$)"),
+    ("feed_forward", r"(^|/)(mlp|intermediate)(/|$)|layer/\d+/output(/|$)"),
+    ("loss+metrics", r"(^|/)loss(/|$)"),
 )
+# An HF op outside its model module is the loss or the optimizer.
+_HF_MODEL = "FlaxBertForMaskedLMModule"
+_MOVES = {"transpose", "copy", "bitcast", "reshape", "parameter", "broadcast",
+          "slice", "concatenate", "dynamic-slice", "dynamic-update-slice",
+          "copy-start", "copy-done", "tuple", "get-tuple-element", "pad"}
 
 
-def _op_names(hlo_text: str) -> dict[str, str]:
-  """HLO instruction name -> the JAX op_name it came from."""
-  pattern = re.compile(
-      r'^\s*(?:ROOT )?%?([\w.\-]+) = [^\n]*?metadata=\{op_name="([^"]*)"', re.M)
-  return {m.group(1): m.group(2) for m in pattern.finditer(hlo_text)}
+def _instructions(hlo_text: str) -> dict[str, tuple[str, str]]:
+  """HLO instruction name -> (kind, op_name) for the entry's instructions."""
+  # Opcodes used in each computation (fusions' bodies).
+  bodies: dict[str, set[str]] = {}
+  current = None
+  for line in hlo_text.splitlines():
+    head = re.match(r"^(?:ENTRY )?%?([\w.\-]+) [^=]*\{\s*$", line)
+    if head:
+      current = bodies.setdefault(head.group(1), set())
+      continue
+    op = re.match(r"^\s*(?:ROOT )?%?[\w.\-]+ = [^ ]+ ([\w\-]+)\(", line)
+    if op and current is not None:
+      current.add(op.group(1))
+  out = {}
+  inst = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = \S+ ([\w\-]+)\((.*)$", re.M)
+  for m in inst.finditer(hlo_text):
+    name, opcode, rest = m.groups()
+    ops = {opcode}
+    called = re.search(r"calls=%?([\w.\-]+)", rest)
+    if called:
+      ops = bodies.get(called.group(1), ops)
+    meta = re.search(r'op_name="([^"]*)"', rest)
+    out[name] = (_kind(ops, opcode, rest), meta.group(1) if meta else "")
+  return out
 
 
-def _part(op_name: str) -> str:
+def _kind(ops: set[str], opcode: str, rest: str) -> str:
+  if "dot" in ops or "convolution" in ops or (
+      opcode == "custom-call" and re.search(r"matmul|gemm|dot", rest, re.I)):
+    return "dot"
+  if "reduce" in ops or "reduce-window" in ops:
+    return "reduce"
+  if ops <= _MOVES:
+    return "transpose/copy"
+  if opcode in ("fusion", "select", "add", "multiply", "subtract", "divide",
+                "exponential", "maximum", "compare", "convert"):
+    return "elementwise"
+  return "other"
+
+
+def _part(op_name: str, system: str) -> str:
   direction = "bwd" if "transpose(" in op_name else "fwd"
   for part, pattern in _PARTS:
-    if re.search(pattern, op_name, re.I):
-      return part if part in ("corrupt", "optimizer") else f"{direction} {part}"
+    if re.search(pattern, op_name):
+      if part in ("corrupt", "optimizer", "nonfinite_guard"):
+        return part
+      return f"{direction} {part}"
+  if system == "hf_flax" and _HF_MODEL not in op_name:
+    return "loss+optimizer (outside the model)"
   return f"{direction} other"
 
 
-def profile(config, steps: int = 3) -> dict:
-  """Runs and traces ``steps`` steps; returns the record printed as JSON."""
-  run, compile_s, compiled = step_bench.bertjax_step(config, return_compiled=True)
-  names = _op_names(compiled.as_text())
-  for _ in range(2):
-    run()
-  times = []
-  for _ in range(steps):
-    start = time.perf_counter()
-    run()
-    times.append(time.perf_counter() - start)
+def _trace(run, steps: int) -> list[dict]:
   with tempfile.TemporaryDirectory() as trace_dir:
     with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
       for _ in range(steps):
@@ -83,27 +155,82 @@ def profile(config, steps: int = 3) -> dict:
                      recursive=True)[0]
     with gzip.open(path) as f:
       events = json.load(f)
-  events = events["traceEvents"] if isinstance(events, dict) else events
-  per_part: dict[str, float] = collections.Counter()
-  for event in events:
-    if event.get("ph") == "X" and event.get("name") in names:
-      per_part[_part(names[event["name"]])] += event["dur"] / 1e6 / steps
-  total = sum(per_part.values())
-  return {
-      "model": f"{config.model}-{config.model_size}",
-      "batch_size": int(config.batch_size), "seq_len": int(config.seq_len),
-      "compile_s": round(compile_s, 2),
-      "step_s_median": round(statistics.median(times), 4),
-      "op_s_per_step": round(total, 4),
-      "share": {k: round(v / total, 4) for k, v in sorted(
-          per_part.items(), key=lambda kv: -kv[1])},
-  }
+  return events["traceEvents"] if isinstance(events, dict) else events
+
+
+def _dumped_hlo(module: str) -> str:
+  paths = sorted(glob.glob(os.path.join(
+      _DUMP, f"*.{module}.*after_optimizations.txt")), key=os.path.getmtime)
+  with open(paths[-1]) as f:
+    return f.read()
+
+
+def profile(config, system: str, steps: int = 3) -> dict:
+  """Times and traces ``steps`` steps of ``system``; its record."""
+  extra = {}
+  if system == "bertjax":
+    run, compile_s, compiled = step_bench.bertjax_step(config, return_compiled=True)
+    hlo = compiled.as_text()
+    extra["donated_buffers"] = hlo.count("may-alias") + hlo.count("must-alias")
+    host = step_bench.synthetic_batch(config)
+    transfer = []
+    for _ in range(5):
+      start = time.perf_counter()
+      jax.block_until_ready(train.to_global(host, _mesh_of(config)))
+      transfer.append(time.perf_counter() - start)
+    extra["host_to_device_s"] = round(statistics.median(transfer), 6)
+  else:
+    run, compile_s = step_bench.hf_flax_step(config)
+    hlo = _dumped_hlo("jit_step")
+  table = _instructions(hlo)
+  for _ in range(2):
+    run()
+  times = []
+  for _ in range(steps):
+    start = time.perf_counter()
+    run()
+    times.append(time.perf_counter() - start)
+  by_kind: dict[str, float] = collections.Counter()
+  by_part: dict[str, float] = collections.Counter()
+  by_op: dict[str, float] = collections.Counter()
+  by_part_kind: dict[tuple[str, str], float] = collections.Counter()
+  for event in _trace(run, steps):
+    if event.get("ph") == "X" and event.get("name") in table:
+      kind, op_name = table[event["name"]]
+      seconds = event["dur"] / 1e6 / steps
+      by_kind[kind] += seconds
+      by_part[_part(op_name, system)] += seconds
+      by_op[event["name"]] += seconds
+      by_part_kind[_part(op_name, system), kind] += seconds
+  total = sum(by_kind.values())
+  share = lambda d: {k: round(v / total, 4) for k, v in sorted(
+      d.items(), key=lambda kv: -kv[1])}
+  return {"compile_s": round(compile_s, 2),
+          "step_s_median": round(statistics.median(times), 4),
+          "op_s_per_step": round(total, 4),
+          "kind": share(by_kind), "part": share(by_part),
+          "part_kind": {f"{p} | {k}": v for (p, k), v in share(by_part_kind).items()},
+          **extra,
+          **({"top": [(name, *table[name], round(t / total, 4))
+                      for name, t in by_op.most_common(_TOP.value)]}
+             if _TOP.value else {})}
+
+
+def _mesh_of(config):
+  from bertjax import sharding
+  return sharding.make_mesh(config.mesh_shape)
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  print(json.dumps(profile(flags.FLAGS.config)))
+  config = flags.FLAGS.config
+  record = {"model": f"{config.model}-{config.model_size}",
+            "batch_size": int(config.batch_size), "seq_len": int(config.seq_len),
+            "devices": jax.device_count()}
+  for system in _SYSTEMS.value:
+    record[system] = profile(config, system, _STEPS.value)
+  print(json.dumps(record))
 
 
 if __name__ == "__main__":

@@ -142,3 +142,26 @@ class NonFiniteGuard:
       raise NonFiniteLoss(
           f"{self.consecutive} updates in a row had a NaN/Inf loss or gradient "
           f"(last at step {step}); lower --config.learning_rate or check the data.")
+
+
+def update_if_finite(finite, tx, grads, params, opt_state):
+  """The optimizer update of the train step, applied only when ``finite``.
+
+  Args:
+    finite: bool scalar; False leaves params and optimizer state unchanged.
+    tx: the optax GradientTransformation.
+    grads, params, opt_state: pytrees (inside the jitted step).
+
+  Returns:
+    (params, opt_state) after the update, or the inputs when not ``finite``.
+  """
+  import jax
+  import jax.numpy as jnp
+  import optax
+  # Named scopes label the parts in profiles (bench/profile_step.py).
+  with jax.named_scope("optimizer"):
+    updates, new_opt_state = tx.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+  with jax.named_scope("nonfinite_guard"):
+    return jax.tree.map(lambda new, old: jnp.where(finite, new, old),
+                        (new_params, new_opt_state), (params, opt_state))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import time
 from typing import Any
 
@@ -76,7 +75,9 @@ def train_step(state: state_lib.TrainState, batch: dict[str, jax.Array],
   # The whole batch is corrupted at once, before any split: masks are keyed by
   # example_id either way, and the NSP partner of an example is drawn from the
   # whole global batch, exactly as without accumulation.
-  inputs, targets = objective.corrupt(rng, batch, state.step)
+  # Named scopes label the step's parts in profiles (bench/profile_step.py).
+  with jax.named_scope("corrupt"):
+    inputs, targets = objective.corrupt(rng, batch, state.step)
   inputs = {**inputs, **state.carry}
   carried = tuple(state.carry)
   dropout_rng = jax.random.fold_in(
@@ -87,7 +88,8 @@ def train_step(state: state_lib.TrainState, batch: dict[str, jax.Array],
       apply = objectives.base.bind(model, params, deterministic=False,
                                    dropout_rng=dropout_rng)
       outputs = objectives.base.forward(objective, apply, inputs, targets)
-      loss, metrics = objective.loss(outputs, targets)
+      with jax.named_scope("loss"):
+        loss, metrics = objective.loss(outputs, targets)
       return loss, (metrics, {k: outputs[k] for k in carried})
 
     (loss, (metrics, carry)), grads = jax.value_and_grad(
@@ -97,19 +99,18 @@ def train_step(state: state_lib.TrainState, batch: dict[str, jax.Array],
         state.params, inputs, targets, dropout_rng, model, objective,
         microbatches, mesh, carried)
   loss = jnp.where(state.step == debug_nan_step, jnp.nan, loss)
-  grad_norm = optax.global_norm(grads)
-  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-  updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
-  keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
+  with jax.named_scope("optimizer"):
+    grad_norm = optax.global_norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+  params, opt_state = guards.update_if_finite(finite, tx, grads, state.params,
+                                              state.opt_state)
   metrics = dict(metrics)
   metrics["grad_norm"] = (grad_norm, jnp.float32(1.0))
   metrics["skipped"] = (1.0 - finite.astype(jnp.float32), jnp.float32(1.0))
   carry = jax.tree.map(lambda a: jnp.where(finite, a, jnp.zeros_like(a)),
                        jax.lax.stop_gradient(carry))
-  new_state = state.replace(step=state.step + 1, params=keep(params, state.params),
-                            opt_state=keep(opt_state, state.opt_state),
-                            carry=carry)
+  new_state = state.replace(step=state.step + 1, params=params,
+                            opt_state=opt_state, carry=carry)
   return new_state, metrics
 
 

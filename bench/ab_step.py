@@ -1,0 +1,295 @@
+r"""Interleaved A/B of bertjax train-step variants, robust to a shared machine.
+
+  JAX_PLATFORMS=cpu python bench/ab_step.py --config=configs/bert.py:base \
+      --config.batch_size=8 --config.seq_len=128 \
+      --config.max_predictions_per_seq=20 --config.dropout_rate=0 \
+      --config.attention_dropout_rate=0 --variants=baseline,guard_cond
+
+Each variant's step is compiled apart (the variant is a patch active only
+while its step is traced), then the steps run interleaved, A, B, A, B, ...,
+so that load from other processes hits all variants alike. Prints one JSON
+line: per variant the median step seconds, and against the first variant
+the ratio of medians and the median of the per-round ratios (a ratio < 1 is
+faster). Before timing, the first step's loss and updated parameters of each
+variant are compared with the first variant's (same init, same batch), so a
+faster variant that computes something else is caught.
+
+A variant is a ``+``-joined set of features (``qkv_fused+heads_major``):
+
+  baseline     the tree as it is.
+  guard_cond   the non-finite guard as ``lax.cond`` around the optimizer
+               update instead of selects over params and optimizer state.
+  guard_where  the guard as selects (``jnp.where``) over the updated params
+               and optimizer state.
+  flat2d       the projections as 2-D matmuls on the kernels seen as
+               [embed, heads*kv] and [heads*kv, embed] (bitcasts of the stored
+               3-D kernels), as HF's Dense layers do.
+  qkv_fused    one [embed, 3, heads, kv] projection for query, key and value
+               (the three kernels concatenated inside the step; the
+               parameter tree keeps query/key/value).
+  heads_major  projections straight into [batch, heads, length, kv] and the
+               output projection from it, so the two attention matmuls need
+               no transposes around the heads.
+  mask_bias    the mask as an additive float32 bias [batch, 1, length,
+               length] built once per step, added to the logits of every
+               layer instead of a boolean select per layer.
+  dpa          the attention core as ``jax.nn.dot_product_attention``
+               (implementation 'xla') on [batch, length, heads, kv].
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app
+from absl import flags
+
+sys.path.insert(0, os.path.dirname(__file__))
+# The benchmark's batch; importing it also defines the --config flag.
+import step_bench  # noqa: E402
+from bertjax import guards  # noqa: E402
+from bertjax import models  # noqa: E402
+from bertjax import objectives  # noqa: E402
+from bertjax import optim  # noqa: E402
+from bertjax import sharding  # noqa: E402
+from bertjax import state as state_lib  # noqa: E402
+from bertjax import train  # noqa: E402
+from bertjax.models import layers  # noqa: E402
+
+_VARIANTS = flags.DEFINE_list("variants", ["baseline", "guard_cond"],
+                              "Variants to compare; the first is the reference.")
+_ROUNDS = flags.DEFINE_integer("rounds", 9, "Interleaved timed rounds.")
+_WARMUP = flags.DEFINE_integer("ab_warmup", 2, "Untimed steps per variant.")
+
+_ATTENTION_FEATURES = ("flat2d", "qkv_fused", "heads_major", "mask_bias", "dpa")
+_FEATURES = ("baseline", "guard_cond", "guard_where") + _ATTENTION_FEATURES
+
+
+def _guard_cond(finite, tx, grads, params, opt_state):
+  """``guards.update_if_finite`` as one ``lax.cond``."""
+  import optax
+
+  def update(operands):
+    g, p, o = operands
+    with jax.named_scope("optimizer"):
+      updates, o = tx.update(g, o, p)
+      return optax.apply_updates(p, updates), o
+
+  with jax.named_scope("nonfinite_guard"):
+    return jax.lax.cond(finite, update, lambda ops: (ops[1], ops[2]),
+                        (grads, params, opt_state))
+
+
+def _guard_where(finite, tx, grads, params, opt_state):
+  """``guards.update_if_finite`` as selects over the updated trees."""
+  import optax
+  with jax.named_scope("optimizer"):
+    updates, new_opt_state = tx.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+  with jax.named_scope("nonfinite_guard"):
+    return jax.tree.map(lambda new, old: jnp.where(finite, new, old),
+                        (new_params, new_opt_state), (params, opt_state))
+
+
+class _Weights(nn.Module):
+  """Declares a projection's kernel and bias under the usual names."""
+  kernel_shape: tuple[int, ...]
+  kernel_axes: tuple[str, ...]
+  bias_shape: tuple[int, ...]
+  bias_axes: tuple[str, ...]
+
+  @nn.compact
+  def __call__(self):
+    kernel = self.param("kernel", layers.kernel_init(*self.kernel_axes),
+                        self.kernel_shape, jnp.float32)
+    bias = self.param("bias", layers.zeros_init(*self.bias_axes),
+                      self.bias_shape, jnp.float32)
+    return kernel, bias
+
+
+class _VariantAttention(layers.MultiHeadAttention):
+  """MultiHeadAttention with the class-level features switched on; same
+  parameter tree (query/key/value/out kernels and biases)."""
+  features = frozenset()
+
+  @nn.compact
+  def __call__(self, x, mask, deterministic):
+    f, dt = self.features, self.dtype
+    e = x.shape[-1]
+    h = self.num_heads
+    d = e // h
+    qkv = [_Weights((e, h, d), ("embed", "heads", "kv"), (h, d),
+                    ("heads", "kv"), name=n)() for n in ("query", "key", "value")]
+    wo, bo = _Weights((h, d, e), ("heads", "kv", "embed"), (e,), ("embed",),
+                      name="out")()
+    x = x.astype(dt)
+    heads_major = "heads_major" in f
+    if "flat2d" in f:
+      # 2-D kernels are bitcasts of the stored [e, h, d] / [h, d, e] ones.
+      w2 = [w.reshape(e, h * d).astype(dt) for w, _ in qkv]
+      b2 = [b.reshape(h * d).astype(dt) for _, b in qkv]
+      if "qkv_fused" in f:
+        y = x @ jnp.concatenate(w2, axis=1) + jnp.concatenate(b2)
+        q, k, v = (t.reshape(x.shape[:2] + (h, d))
+                   for t in jnp.split(y, 3, axis=-1))
+      else:
+        q, k, v = ((x @ w + b).reshape(x.shape[:2] + (h, d))
+                   for w, b in zip(w2, b2))
+    elif "qkv_fused" in f:
+      w = jnp.stack([k for k, _ in qkv]).astype(dt)  # [3, e, h, d]
+      b = jnp.stack([b for _, b in qkv]).astype(dt)  # [3, h, d]
+      if heads_major:
+        y = jnp.einsum("ble,tehd->tbhld", x, w) + b[:, None, :, None, :]
+      else:
+        y = jnp.einsum("ble,tehd->tblhd", x, w) + b[:, None, None]
+      q, k, v = y[0], y[1], y[2]
+    elif heads_major:
+      q, k, v = (jnp.einsum("ble,ehd->bhld", x, w.astype(dt))
+                 + b.astype(dt)[:, None, :] for w, b in qkv)
+    else:
+      q, k, v = (jnp.einsum("ble,ehd->blhd", x, w.astype(dt)) + b.astype(dt)
+                 for w, b in qkv)
+    if "dpa" in f:
+      if "mask_bias" in f:
+        out = jax.nn.dot_product_attention(q, k, v, bias=mask,
+                                           implementation="xla")
+      else:
+        out = jax.nn.dot_product_attention(q, k, v, mask=mask,
+                                           implementation="xla")
+      return jnp.einsum("blhd,hde->ble", out, wo.astype(dt)) + bo.astype(dt)
+    q = q / jnp.sqrt(d).astype(q.dtype)
+    spec = "bhqd,bhkd->bhqk" if heads_major else "bqhd,bkhd->bhqk"
+    logits = jnp.einsum(spec, q, k, preferred_element_type=jnp.float32)
+    if "mask_bias" in f:
+      logits = logits + mask
+    else:
+      logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(logits, axis=-1).astype(dt)
+    if heads_major:
+      out = jnp.einsum("bhqk,bhkd->bhqd", probs, v)
+      return jnp.einsum("bhqd,hde->bqe", out, wo.astype(dt)) + bo.astype(dt)
+    out = jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+    if "flat2d" in f:
+      return (out.reshape(x.shape[:2] + (h * d,)) @ wo.reshape(h * d, e).astype(dt)
+              + bo.astype(dt))
+    return jnp.einsum("bqhd,hde->bqe", out, wo.astype(dt)) + bo.astype(dt)
+
+
+def _bias_masks(doc_ids, attention_mask=None):
+  """``layers.combine_masks`` as an additive float32 bias (0 or float32 min)."""
+  mask = _COMBINE_MASKS(doc_ids, attention_mask)
+  return jnp.where(mask, 0.0, jnp.finfo(jnp.float32).min).astype(jnp.float32)
+
+
+_COMBINE_MASKS = layers.combine_masks
+
+
+@contextlib.contextmanager
+def _patched(variant: str):
+  """Patches in the features of ``variant`` while its step is traced."""
+  features = set(variant.split("+"))
+  unknown = features - set(_FEATURES)
+  if unknown:
+    raise ValueError(f"Unknown variant feature(s) {sorted(unknown)}; pick from "
+                     f"{', '.join(_FEATURES)}.")
+  saved = (guards.update_if_finite, layers.Encoder, layers.combine_masks)
+  try:
+    if "guard_cond" in features:
+      guards.update_if_finite = _guard_cond
+    if "guard_where" in features:
+      guards.update_if_finite = _guard_where
+    attention = features & set(_ATTENTION_FEATURES)
+    if attention:
+      cls = type("Attention_" + "_".join(sorted(attention)),
+                 (_VariantAttention,), {"features": frozenset(attention)})
+      layers.Encoder = type("Encoder", (saved[1],), {
+          "__annotations__": {"attention_cls": Any}, "attention_cls": cls})
+    if "mask_bias" in features:
+      layers.combine_masks = _bias_masks
+    yield
+  finally:
+    guards.update_if_finite, layers.Encoder, layers.combine_masks = saved
+
+
+def _build(config, variant: str):
+  """(run one step, first step's (loss, params)) of ``variant``."""
+  mesh = sharding.make_mesh(config.mesh_shape)
+  with _patched(variant):
+    model = models.get_model(config)
+    objective = objectives.get_objective(config)
+    tx = optim.make_optimizer(config)
+    state, shardings = state_lib.create_train_state(model, tx, config, mesh)
+    step_fn = train.make_train_step(model, objective, tx, shardings, mesh)
+    batch = train.to_global(step_bench.synthetic_batch(config), mesh)
+    rng = jax.random.key(config.seed)
+    compiled = step_fn.lower(state, batch, rng).compile()
+  state, metrics = compiled(state, batch, rng)
+  loss = float(metrics["loss"][0] / metrics["loss"][1])
+  first = (loss, jax.device_get(state.params))
+  box = {"state": state}
+
+  def run():
+    box["state"], m = compiled(box["state"], batch, rng)
+    jax.block_until_ready(m)
+
+  return run, first
+
+
+def _max_rel_diff(a, b) -> float:
+  diffs = jax.tree.map(
+      lambda x, y: float(np.max(np.abs(x - y)) / (np.max(np.abs(y)) + 1e-30)), a, b)
+  return max(jax.tree.leaves(diffs))
+
+
+def compare(config, variants: list[str], rounds: int, warmup: int) -> dict:
+  """Runs the A/B; returns the record printed as JSON (module doc)."""
+  built = {v: _build(config, v) for v in variants}
+  ref_loss, ref_params = built[variants[0]][1]
+  record: dict[str, Any] = {
+      "model": f"{config.model}-{config.model_size}",
+      "batch_size": int(config.batch_size), "seq_len": int(config.seq_len),
+      "rounds": rounds, "reference": variants[0]}
+  for v in variants:
+    loss, params = built[v][1]
+    record[v] = {"first_loss": loss,
+                 "loss_rel_diff": abs(loss - ref_loss) / abs(ref_loss),
+                 "params_max_rel_diff": _max_rel_diff(params, ref_params)}
+  for v in variants:
+    built[v] = built[v][0]  # drop the copied params
+    for _ in range(warmup):
+      built[v]()
+  times = {v: [] for v in variants}
+  for _ in range(rounds):
+    for v in variants:
+      start = time.perf_counter()
+      built[v]()
+      times[v].append(time.perf_counter() - start)
+  ref = times[variants[0]]
+  for v in variants:
+    record[v]["step_s_median"] = round(statistics.median(times[v]), 4)
+    record[v]["ratio_of_medians"] = round(
+        statistics.median(times[v]) / statistics.median(ref), 4)
+    record[v]["median_round_ratio"] = round(statistics.median(
+        [t / r for t, r in zip(times[v], ref)]), 4)
+  return record
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  print(json.dumps(compare(flags.FLAGS.config, _VARIANTS.value, _ROUNDS.value,
+                           _WARMUP.value)), flush=True)
+
+
+if __name__ == "__main__":
+  app.run(main)
