@@ -99,6 +99,12 @@ def test_rerun_trains_and_fine_tunes_nothing(study, monkeypatch):
   assert again == record
   assert {d: os.stat(os.path.join(checkpoints, d)).st_mtime_ns
           for d in os.listdir(checkpoints)} == before
+  # A task added afterwards would need the first point's checkpoint, which the
+  # run has gone past: refused, not fine-tuned from the wrong checkpoint.
+  with pytest.raises(ValueError, match="past the unrecorded budget point"):
+    core.run(configs, budget, workdir, points=POINTS, spacing="linear",
+             tasks=["coherence", "cloze_qa"], finetune_overrides=FINETUNE,
+             finetune_epochs=1.0)
   # Another budget in the same workdir is refused, not mixed in.
   with pytest.raises(ValueError, match="another plan"):
     core.run(configs, 2 * budget, workdir, points=POINTS, spacing="linear",

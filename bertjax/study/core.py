@@ -214,7 +214,16 @@ def _check_tasks(tasks: Sequence[str], overrides: Sequence[str], epochs) -> None
   """Loads every task once, so bad task input fails before any training."""
   from bertjax.finetune import tasks as tasks_lib
   for task in tasks:
-    tasks_lib.load(finetune_config(task, overrides, epochs))
+    config = finetune_config(task, overrides, epochs)
+    if tasks_lib.load(config).kind == "qa":
+      # The longest question leaves seq_len - max_query_tokens - 4 context
+      # tokens a window ([CLS] and up to three separators).
+      room = config.seq_len - config.max_query_tokens - 4
+      if not 1 <= config.doc_stride <= room:
+        raise ValueError(
+            f"{task}: doc_stride {config.doc_stride} must be between 1 and the {room} "
+            f"context tokens that seq_len {config.seq_len} leaves beside a question of "
+            f"max_query_tokens {config.max_query_tokens}; fix them with --finetune_set.")
 
 
 def _heldout(record: Mapping[str, Any]) -> dict[str, float]:
@@ -222,19 +231,55 @@ def _heldout(record: Mapping[str, Any]) -> dict[str, float]:
           if k not in _COUNTS and isinstance(v, (int, float))}
 
 
+def _latest_step(workdir: str) -> int | None:
+  from bertjax import checkpointing
+  if not paths.exists(paths.join(workdir, "checkpoints")):
+    return None
+  with checkpointing.quiet_read_only():
+    checkpointer = checkpointing.Checkpointer(workdir, read_only=True)
+    steps = checkpointer.all_steps()
+    checkpointer.close()
+  return max(steps) if steps else None
+
+
 def _pretrain_to(p: Plan, step: int) -> dict[str, float]:
   """Trains ``p`` up to ``step`` (resuming) and returns the held-out metrics there."""
   from bertjax import evaluation
   from bertjax import train
+  latest = _latest_step(p.workdir)
+  if latest is not None and latest > step:
+    # Fine-tuning reads the workdir's latest checkpoint, which must be this point's.
+    raise ValueError(
+        f"{p.name}'s pretraining in {p.workdir} is already at step {latest}, past the "
+        f"unrecorded budget point at step {step} (fine-tuning tasks added since?); "
+        "run the study again with a new --workdir.")
   record = train.train_and_evaluate(p.config, p.workdir, stop_at_step=step)
   if record is None or record.get("step") != step:
     record = evaluation.evaluate_checkpoint(p.config, p.workdir, step)
   return _heldout(record)
 
 
+def finetune_unavailable(config) -> str | None:
+  """Why ``bertjax.finetune`` cannot take this config's encoder, or None.
+
+  Fine-tuning reads an encoder through its Hugging Face mapping
+  (bertjax/convert); a model without one (SpanBERT today) is pretrained and
+  evaluated held-out, and its fine-tuning scores are left empty.
+  """
+  from bertjax import convert
+  try:
+    convert.mapping_for_config(config.to_dict())
+  except ValueError as e:
+    return str(e)
+  return None
+
+
 def _finetune(p: Plan, step: int, task: str, overrides, epochs, root: str) -> dict[str, Any]:
   """Fine-tunes ``p``'s checkpoint of ``step`` (its latest) on ``task``."""
   from bertjax import finetune
+  unavailable = finetune_unavailable(p.config)
+  if unavailable:
+    return {"unavailable": unavailable}
   workdir = paths.join(root, p.name, "finetune", task, f"step_{step}")
   record = finetune.run(finetune_config(task, overrides, epochs), p.workdir, workdir)
   main = record["main_metric"]
@@ -244,16 +289,17 @@ def _finetune(p: Plan, step: int, task: str, overrides, epochs, root: str) -> di
           "best_epoch_score": float(record["best"][main]), "workdir": workdir}
 
 
-def _load_result(p: Plan, path: str) -> dict[str, Any]:
+def _load_result(p: Plan, path: str, finetuning: dict[str, Any]) -> dict[str, Any]:
   """The recorded result of ``p``, or a fresh one; refuses another study's."""
   if paths.exists(path):
     result = paths.read_json(path)
-    if result.get("plan") != p.describe():
+    if result.get("plan") != p.describe() or result.get("finetuning") != finetuning:
       raise ValueError(
-          f"{path} was recorded for another plan ({result.get('plan')}); use a new "
-          "--workdir or the same --configs/--flops/--points/--spacing/--set as before.")
+          f"{path} was recorded for another plan ({result.get('plan')}, fine-tuning "
+          f"{result.get('finetuning')}); use a new --workdir or the same --configs/"
+          "--flops/--points/--spacing/--set/--finetune_set/--finetune_epochs as before.")
     return result
-  return {"plan": p.describe(), "points": []}
+  return {"plan": p.describe(), "finetuning": finetuning, "points": []}
 
 
 def run(configs: Mapping[str, ml_collections.ConfigDict], budget: float, workdir: str, *,
@@ -290,7 +336,8 @@ def run(configs: Mapping[str, ml_collections.ConfigDict], budget: float, workdir
   results = {}
   for p in plans:
     path = paths.join(root, p.name, "result.json")
-    result = _load_result(p, path)
+    result = _load_result(p, path, {"overrides": list(finetune_overrides),
+                                    "epochs": finetune_epochs})
     done = {pt["step"] for pt in result["points"]
             if set(pt.get("finetune", {})) >= set(tasks)}
     result["points"] = [pt for pt in result["points"] if pt["step"] in done]

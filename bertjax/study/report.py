@@ -91,6 +91,11 @@ def markdown(record: Mapping[str, Any]) -> str:
            f"{last['flops']:.3g}", data, mlm, others or "—"]
     row += [_fmt(last["finetune"].get(t, {}).get("score")) for t in tasks]
     lines.append("| " + " | ".join(row) + " |")
+  unavailable = sorted({f"{name}: {ft['unavailable']}" for name, e in record["objectives"].items()
+                        for pt in e["points"] for ft in pt["finetune"].values()
+                        if "unavailable" in ft})
+  if unavailable:
+    lines += ["", "Not fine-tuned (—): " + " ".join(unavailable)]
   lines += ["", "Along the way:", ""]
   head = ["objective", "budget", "step", "FLOPs spent", "held-out MLM acc"] + list(tasks)
   lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -106,7 +111,7 @@ def markdown(record: Mapping[str, Any]) -> str:
 def _task_metric(record: Mapping[str, Any], task: str) -> str:
   for e in record["objectives"].values():
     for pt in e["points"]:
-      if task in pt["finetune"]:
+      if "main_metric" in pt["finetune"].get(task, {}):
         return pt["finetune"][task]["main_metric"]
   return ""
 
@@ -131,7 +136,7 @@ def plot_png(record: Mapping[str, Any]) -> bytes:
         label, style = _mlm_label(name, e), ("--" if e.get("model") == "electra" else "-")
       else:
         xy = [(pt["flops"], pt["finetune"][panel]["score"]) for pt in pts
-              if panel in pt["finetune"]]
+              if "score" in pt["finetune"].get(panel, {})]
         label, style = name, "-"
       if xy:
         ax.plot([x for x, _ in xy], [y for _, y in xy], style, marker="o", label=label)
