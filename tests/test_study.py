@@ -18,7 +18,8 @@ SHRINK = ["seq_len=32", "batch_size=8", "max_predictions_per_seq=5",
           "log_every_steps=1", "checkpoint_every_steps=100", "eval_max_batches=1",
           "shuffle_window=16"]
 FINETUNE = ["seq_len=32", "batch_size=16", "max_train_examples=32",
-            "max_eval_examples=48", "learning_rate=1e-3", "log_every_steps=100"]
+            "max_eval_examples=48", "learning_rate=1e-3", "log_every_steps=100",
+            "max_query_tokens=12", "doc_stride=8"]  # cloze_qa fits a 32-token row
 POINTS = 2
 
 
@@ -133,4 +134,25 @@ def test_bad_input_is_refused_before_training(demo_data, tmp_path):
     core.load_configs(["bert"], "tiny", ["seq_len=long"])
   with pytest.raises(ValueError, match="No config file"):
     core.load_configs(["bret"], "tiny")
+  with pytest.raises(ValueError, match="doc_stride 32 must be between 1 and the 12"):
+    core.run({"bert": configs["bert"]}, 4 * per_step, str(tmp_path / "a"), points=2,
+             tasks=["cloze_qa"], finetune_overrides=["seq_len=64", "max_query_tokens=48"])
   assert not (tmp_path / "a").exists()
+
+
+def test_an_objective_that_cannot_be_fine_tuned_is_reported_so():
+  # SpanBERT has no Hugging Face mapping, which bertjax.finetune reads encoders by.
+  from bertjax import config_files
+  assert core.finetune_unavailable(config_files.shipped("spanbert").get_config("tiny"))
+  assert core.finetune_unavailable(config_files.shipped("bert").get_config("tiny")) is None
+  point = {"budget": 2.0, "step": 2, "flops": 2.0, "over_budget": False,
+           "heldout": {"mlm_accuracy": 0.1, "baseline_mlm_accuracy": 0.05},
+           "finetune": {"coherence": {"unavailable": "no mapping."}}}
+  record = {"budget": 2.0, "budgets": [2.0], "tasks": ["coherence"], "steps_rule": "r",
+            "objectives": {"spanbert": {"model": "spanbert", "step_flops": 1.0,
+                                        "tokenizer": "unigram", "shares_data_with": [],
+                                        "points": [point]}}}
+  table = report.markdown(record)
+  row = next(l for l in table.splitlines() if l.startswith("| spanbert"))
+  assert row.rstrip(" |").endswith("—") and "Not fine-tuned" in table
+  assert report.plot_png(record)[:4] == b"\x89PNG"
