@@ -128,6 +128,8 @@ def plot_png(record: Mapping[str, Any]) -> bytes:
   fig = Figure(figsize=(PANEL_INCHES[0] * len(panels), PANEL_INCHES[1]), dpi=DPI)
   FigureCanvasAgg(fig)
   axes = fig.subplots(1, len(panels), squeeze=False)[0]
+  # One colour per objective in every panel, whichever panels it has lines in.
+  colours = {name: f"C{i % 10}" for i, name in enumerate(record["objectives"])}
   for ax, panel in zip(axes, panels):
     for name, e in record["objectives"].items():
       pts = e["points"]
@@ -139,7 +141,8 @@ def plot_png(record: Mapping[str, Any]) -> bytes:
               if "score" in pt["finetune"].get(panel, {})]
         label, style = name, "-"
       if xy:
-        ax.plot([x for x, _ in xy], [y for _, y in xy], style, marker="o", label=label)
+        ax.plot([x for x, _ in xy], [y for _, y in xy], style, marker="o", label=label,
+                color=colours[name])
     ax.set_xscale("log")
     ax.set_xlabel("pretraining FLOPs")
     ax.set_title("held-out MLM accuracy" if panel == _MLM
