@@ -38,6 +38,8 @@ EXTRAS = {
     "notebooks": ["matplotlib>=3.8", "safetensors>=0.4"],
     # python -m bertjax.finetune: the task metrics' standard definitions.
     "finetune": ["scikit-learn>=1.3", "scipy>=1.11", "seqeval>=1.2.2"],
+    # python -m bertjax.study: its plot, and the fine-tuning metrics it reports.
+    "study": ["matplotlib>=3.8", "scikit-learn>=1.3", "scipy>=1.11", "seqeval>=1.2.2"],
     # Reading public TFDS datasets prepared as tfrecord needs TensorFlow.
     "tf": ["tensorflow>=2.16"],
     # Hugging Face import/export and parity tests; torch must be the CPU wheel.

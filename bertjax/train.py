@@ -244,6 +244,15 @@ class _Progress:
     self._t0 = time.time()
     self._s0 = start_step
 
+  def flops_total(self, step: int) -> float:
+    """Useful FLOPs of steps 1..``step``: ``step * step_flops(config)``.
+
+    A product, not a running sum, so it is exact across resume; the step's
+    FLOPs count the whole global batch, so gradient accumulation
+    (``microbatches``) changes nothing.
+    """
+    return step * self._flops_per_step
+
   def line(self, step: int, scalars: dict[str, float]) -> str:
     elapsed = max(time.time() - self._t0, 1e-9)
     steps_per_sec = (step - self._s0) / elapsed
@@ -465,6 +474,7 @@ def _write_train_metrics(writer, progress, schedule, step, sums, batch_hash):
   scalars = metrics_lib.reduce(sums)
   scalars["learning_rate"] = float(schedule(step - 1))
   line = progress.line(step, scalars)
+  scalars["flops_total"] = progress.flops_total(step)
   writer.write(step, scalars, extra={"batch_hash": batch_hash})
   logging.info("%s", line)
   print(line, flush=True)

@@ -1,0 +1,158 @@
+"""bertjax.study (issue 16, item 5): three objectives pretrained to the same FLOP
+budget on the session's prepared demo data, evaluated and fine-tuned at two
+budget points; the table and the plot; a rerun that trains nothing."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from bertjax import flops
+from bertjax.study import core
+from bertjax.study import report
+
+OBJECTIVES = ["bert", "albert", "electra"]
+# The tiny configs, smaller still: 8 x 32 tokens a step, one eval batch.
+SHRINK = ["seq_len=32", "batch_size=8", "max_predictions_per_seq=5",
+          "log_every_steps=1", "checkpoint_every_steps=100", "eval_max_batches=1",
+          "shuffle_window=16"]
+FINETUNE = ["seq_len=32", "batch_size=16", "max_train_examples=32",
+            "max_eval_examples=48", "learning_rate=1e-3", "log_every_steps=100",
+            "max_query_tokens=12", "doc_stride=8"]  # cloze_qa fits a 32-token row
+POINTS = 2
+
+
+def _configs(demo_data):
+  return core.load_configs(OBJECTIVES, "tiny", SHRINK + [f"data_dir={demo_data.data_dir}"])
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory, demo_data):
+  configs = _configs(demo_data)
+  # Six steps of the shrunk BERT; the others get what that buys them.
+  budget = 6.5 * flops.step_flops(configs["bert"])
+  workdir = str(tmp_path_factory.mktemp("study"))
+  record = core.run(configs, budget, workdir, points=POINTS, spacing="linear",
+                    tasks=["coherence"], finetune_overrides=FINETUNE, finetune_epochs=1.0)
+  return configs, budget, workdir, record
+
+
+def test_every_objective_reaches_every_budget_point_within_one_step(study):
+  configs, budget, workdir, record = study
+  saved = json.loads(open(os.path.join(workdir, "study.json")).read())
+  assert saved == json.loads(json.dumps(record))
+  assert sorted(saved["objectives"]) == sorted(OBJECTIVES)
+  points = [budget / 2, budget]
+  np.testing.assert_allclose(saved["budgets"], points)
+  for name, entry in saved["objectives"].items():
+    per_step = flops.step_flops(configs[name])
+    assert [pt["budget"] for pt in entry["points"]] == pytest.approx(points)
+    for pt, b in zip(entry["points"], points):
+      assert b - per_step < pt["flops"] <= b, (name, pt, b, per_step)
+      assert pt["flops"] == pytest.approx(pt["step"] * per_step)
+      assert 0.0 <= pt["heldout"]["mlm_accuracy"] <= 1.0
+      assert 0.0 <= pt["finetune"]["coherence"]["score"] <= 1.0
+    # The training log's cumulative FLOPs, one row per step (log_every_steps=1).
+    rows = [json.loads(l) for l in
+            open(os.path.join(workdir, name, "pretrain", "metrics.jsonl")).read().splitlines()]
+    logged = {r["step"]: r["flops_total"] for r in rows if "flops_total" in r}
+    assert sorted(logged) == list(range(1, entry["points"][-1]["step"] + 1))
+    for step, total in logged.items():
+      assert total == pytest.approx(step * per_step)
+  # The same data_dir for all three (one tokenizer kind): each shares with the others.
+  for name, entry in saved["objectives"].items():
+    assert sorted(entry["shares_data_with"]) == sorted(set(OBJECTIVES) - {name})
+
+
+def test_table_has_a_row_per_objective_and_the_plot_its_panels(study):
+  _, _, workdir, _ = study
+  table = open(os.path.join(workdir, "study.md")).read()
+  first = table.split("Along the way")[0]
+  rows = [l for l in first.splitlines() if l.startswith("| ") and "---" not in l][1:]
+  assert sorted(r.split("|")[1].strip() for r in rows) == sorted(OBJECTIVES)
+  import matplotlib.image
+  path = os.path.join(workdir, "study.png")
+  assert os.path.getsize(path) > 0
+  with open(path, "rb") as f:
+    assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+  pixels = matplotlib.image.imread(path)
+  width, height = report.png_size(2)  # held-out MLM + coherence
+  assert pixels.shape[:2] == (height, width)
+  assert pixels[..., :3].std() > 0.05  # lines and text drawn, not a blank canvas
+
+
+def test_rerun_trains_and_fine_tunes_nothing(study, monkeypatch):
+  configs, budget, workdir, record = study
+  from bertjax import finetune
+  from bertjax import train
+
+  def refuse(*args, **kwargs):
+    raise AssertionError("the rerun trained again")
+
+  monkeypatch.setattr(train, "train_and_evaluate", refuse)
+  monkeypatch.setattr(finetune, "run", refuse)
+  checkpoints = os.path.join(workdir, "bert", "pretrain", "checkpoints")
+  before = {d: os.stat(os.path.join(checkpoints, d)).st_mtime_ns
+            for d in os.listdir(checkpoints)}
+  again = core.run(configs, budget, workdir, points=POINTS, spacing="linear",
+                   tasks=["coherence"], finetune_overrides=FINETUNE, finetune_epochs=1.0)
+  assert again == record
+  assert {d: os.stat(os.path.join(checkpoints, d)).st_mtime_ns
+          for d in os.listdir(checkpoints)} == before
+  # A task added afterwards would need the first point's checkpoint, which the
+  # run has gone past: refused, not fine-tuned from the wrong checkpoint.
+  with pytest.raises(ValueError, match="past the unrecorded budget point"):
+    core.run(configs, budget, workdir, points=POINTS, spacing="linear",
+             tasks=["coherence", "cloze_qa"], finetune_overrides=FINETUNE,
+             finetune_epochs=1.0)
+  # Another budget in the same workdir is refused, not mixed in.
+  with pytest.raises(ValueError, match="another plan"):
+    core.run(configs, 2 * budget, workdir, points=POINTS, spacing="linear",
+             tasks=["coherence"], finetune_overrides=FINETUNE, finetune_epochs=1.0)
+
+
+def test_budget_points_and_steps():
+  assert core.budget_points(8.0, 4, "log") == [1.0, 2.0, 4.0, 8.0]
+  assert core.budget_points(9.0, 3, "linear") == [3.0, 6.0, 9.0]
+  assert core.steps_for(9.99, 1.0) == 9  # rounded down
+  assert core.steps_for(0.5, 1.0) == 1  # at least one step
+  with pytest.raises(ValueError, match="--flops"):
+    core.budget_points(0.0, 3)
+  with pytest.raises(ValueError, match="--spacing"):
+    core.budget_points(1.0, 3, "cubic")
+
+
+def test_bad_input_is_refused_before_training(demo_data, tmp_path):
+  configs = _configs(demo_data)
+  per_step = flops.step_flops(configs["bert"])
+  with pytest.raises(ValueError, match="share a step"):
+    core.run({"bert": configs["bert"]}, 1.5 * per_step, str(tmp_path / "a"), points=3)
+  with pytest.raises(ValueError, match="did you mean --config.seq_len"):
+    core.load_configs(["bert"], "tiny", ["seq_lenn=32"])
+  with pytest.raises(ValueError, match="not of type int"):
+    core.load_configs(["bert"], "tiny", ["seq_len=long"])
+  with pytest.raises(ValueError, match="No config file"):
+    core.load_configs(["bret"], "tiny")
+  with pytest.raises(ValueError, match="doc_stride 32 must be between 1 and the 12"):
+    core.run({"bert": configs["bert"]}, 4 * per_step, str(tmp_path / "a"), points=2,
+             tasks=["cloze_qa"], finetune_overrides=["seq_len=64", "max_query_tokens=48"])
+  assert not (tmp_path / "a").exists()
+
+
+def test_an_objective_that_cannot_be_fine_tuned_is_reported_so():
+  # SpanBERT has no Hugging Face mapping, which bertjax.finetune reads encoders by.
+  from bertjax import config_files
+  assert core.finetune_unavailable(config_files.shipped("spanbert").get_config("tiny"))
+  assert core.finetune_unavailable(config_files.shipped("bert").get_config("tiny")) is None
+  point = {"budget": 2.0, "step": 2, "flops": 2.0, "over_budget": False,
+           "heldout": {"mlm_accuracy": 0.1, "baseline_mlm_accuracy": 0.05},
+           "finetune": {"coherence": {"unavailable": "no mapping."}}}
+  record = {"budget": 2.0, "budgets": [2.0], "tasks": ["coherence"], "steps_rule": "r",
+            "objectives": {"spanbert": {"model": "spanbert", "step_flops": 1.0,
+                                        "tokenizer": "unigram", "shares_data_with": [],
+                                        "points": [point]}}}
+  table = report.markdown(record)
+  row = next(l for l in table.splitlines() if l.startswith("| spanbert"))
+  assert row.rstrip(" |").endswith("—") and "Not fine-tuned" in table
+  assert report.plot_png(record)[:4] == b"\x89PNG"
