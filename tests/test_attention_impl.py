@@ -136,11 +136,13 @@ def _tiny_config(demo_config, **overrides):
   c.vocab_size = 512
   c.seq_len = 128
   c.max_predictions_per_seq = 8
-  c.batch_size = 8
+  c.batch_size = 4
   c.dropout_rate = 0.0
   c.attention_dropout_rate = 0.0
   c.mesh_shape = "-1,1,1"
   c.objective = "mlm_only"  # packed full-sentence rows, as RoBERTa trains
+  # One small layer: the step's compile time is the test's cost.
+  c.num_layers, c.hidden_size, c.num_heads, c.mlp_dim = 1, 64, 2, 128
   for key, value in overrides.items():
     c[key] = value
   return c
@@ -203,14 +205,14 @@ def _losses(config, steps, mesh_shape="1,1,1"):
 
 @pytest.fixture(scope="module")
 def xla_losses(demo_config):
-  return _losses(_tiny_config(demo_config, attention_impl="xla"), 3)
+  return _losses(_tiny_config(demo_config, attention_impl="xla"), 2)
 
 
 # Splash on a 2x2x2 mesh runs in shard_map: rows split over data and fsdp,
-# the two heads over tensor.
+# the two heads over tensor (one device's splash is the kernel tests' case).
 @pytest.mark.parametrize("impl, mesh_shape", [
-    ("dot_product", "1,1,1"), ("splash", "1,1,1"), ("splash", "2,2,2")])
+    ("dot_product", "1,1,1"), ("splash", "2,2,2")])
 def test_bert_train_steps_match_xla(demo_config, xla_losses, impl, mesh_shape):
-  got = _losses(_tiny_config(demo_config, attention_impl=impl), 3, mesh_shape)
+  got = _losses(_tiny_config(demo_config, attention_impl=impl), 2, mesh_shape)
   assert np.all(np.isfinite(xla_losses)) and xla_losses[0] != xla_losses[-1]
   np.testing.assert_allclose(got, xla_losses, rtol=1e-5, atol=1e-5)
