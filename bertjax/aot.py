@@ -121,7 +121,7 @@ def compile_for_topology(config, topology: str) -> dict[str, Any]:
     topology: TPU generation and chip grid, e.g. 'v5e:16x16'.
 
   Returns:
-    A JSON-able record: topology, num_chips, mesh, per-chip bytes
+    A JSON-able record: topology, num_chips, mesh, attention_impl, per-chip bytes
     (argument, output, temp, alias, code, total), hbm_bytes_per_chip,
     fits, compiled_flops_per_chip, useful_flops_per_step, compile_seconds.
     When the TPU compiler itself refuses the program for lack of HBM, the
@@ -152,6 +152,7 @@ def compile_for_topology(config, topology: str) -> dict[str, Any]:
       "batch_size": int(config.batch_size),
       "seq_len": int(config.seq_len),
       "microbatches": int(config.get("microbatches", 1)),
+      "attention_impl": str(config.get("attention_impl", "auto")),
       "hbm_bytes_per_chip": hbm,
       "useful_flops_per_step": flops.step_flops(config),
   }

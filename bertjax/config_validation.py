@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from bertjax import optim
+from bertjax.models import attention
 from bertjax.models import layers
 from bertjax.models import sizes
 
@@ -63,6 +64,7 @@ def validate(config) -> None:
     _fail("microbatches", config.microbatches, "it must be a positive integer")
   if config.get("remat", "none") not in _REMAT:
     _fail("remat", config.remat, f"it must be one of {', '.join(_REMAT)}")
+  attention.check_config(config)
   import jax
   from bertjax import sharding
   shape = sharding.parse_mesh_shape(config.mesh_shape, jax.device_count())

@@ -87,6 +87,9 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   c.microbatches = 1  # gradient accumulation: batch_size is split into this many
   c.scan_layers = False  # nn.scan over encoder layers: compile time independent of depth
   c.remat = "none"  # rematerialise each layer: 'none' | 'full' | 'dots' (keep matmuls)
+  # Attention kernel (bertjax/models/attention.py): 'auto' (per platform),
+  # 'xla', 'dot_product' (cuDNN on GPU), 'splash' (Pallas, TPU).
+  c.attention_impl = "auto"
 
   # --- optimisation (BERT paper defaults) ------------------------------------
   c.batch_size = 32 if size == "tiny" else 256  # global batch

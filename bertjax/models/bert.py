@@ -20,6 +20,7 @@ The MLM decoder is tied to the word embeddings: logits = transform(h) @ E.T + b.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Mapping
 
 import flax.linen as nn
@@ -164,6 +165,8 @@ class BertForPretraining(nn.Module):
     layer_norm_eps: epsilon of every LayerNorm (BERT 1e-12, RoBERTa 1e-5).
     activation: feed-forward and MLM-head activation, a key of
       ``layers.ACTIVATIONS`` (``config.hidden_act``; BERT: exact 'gelu').
+    attention_impl: the attention kernel (``config.attention_impl``), a name
+      of ``attention.IMPLS``; 'auto' picks per platform.
   """
   vocab_size: int
   max_position_embeddings: int
@@ -180,6 +183,7 @@ class BertForPretraining(nn.Module):
   remat: str = "none"
   layer_norm_eps: float = layers.LAYER_NORM_EPS
   activation: str = "gelu"
+  attention_impl: str = "auto"
 
   def setup(self):
     self.embeddings = BertEmbeddings(
@@ -192,7 +196,9 @@ class BertForPretraining(nn.Module):
         mlp_dim=self.mlp_dim, dropout_rate=self.dropout_rate,
         attention_dropout_rate=self.attention_dropout_rate, dtype=self.dtype,
         layer_norm_eps=self.layer_norm_eps, activation=self.activation,
-        scan_layers=self.scan_layers, remat=self.remat)
+        scan_layers=self.scan_layers, remat=self.remat,
+        attention_cls=functools.partial(layers.MultiHeadAttention,
+                                        impl=self.attention_impl))
     self.mlm_head = MlmHead(vocab_size=self.vocab_size, dtype=self.dtype,
                             layer_norm_eps=self.layer_norm_eps,
                             activation=self.activation)
@@ -221,7 +227,11 @@ class BertForPretraining(nn.Module):
     x = self.embeddings(inputs["tokens"], inputs["segment_ids"],
                         inputs["positions"], deterministic)
     mask = layers.combine_masks(inputs["doc_ids"], inputs.get("attention_mask"))
-    hidden = self.encoder(x, mask, deterministic)
+    # A document-only mask also travels as segment ids, which fused kernels
+    # (splash) take instead of the [length, length] mask.
+    context = (None if inputs.get("attention_mask") is not None
+               else {"doc_ids": inputs["doc_ids"]})
+    hidden = self.encoder(x, mask, deterministic, context)
     outputs = dict(
         mlm_logits=self.mlm_logits(hidden, inputs["masked_positions"]),
         hidden=hidden)
@@ -280,4 +290,5 @@ def from_config(config: ml_collections.ConfigDict,
       sentence_head=bool(config.get("sentence_head", True)),
       scan_layers=bool(config.get("scan_layers", False)),
       remat=str(config.get("remat", "none")),
+      attention_impl=str(config.get("attention_impl", "auto")),
       **layers.numerics(config))

@@ -28,6 +28,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bertjax.models import attention as attention_lib
+
 Dtype = Any
 
 # BERT's initializer: truncated normal with standard deviation 0.02.
@@ -147,14 +149,17 @@ class MultiHeadAttention(nn.Module):
     num_heads: number of heads; the hidden size must be divisible by it.
     dropout_rate: dropout on the attention probabilities.
     dtype: compute dtype of the projections.
+    impl: the attention kernel, a name of ``attention.IMPLS``
+      (``config.attention_impl``).
   """
   num_heads: int
   dropout_rate: float = 0.0
   dtype: Dtype = jnp.float32
+  impl: str = "xla"
 
   @nn.compact
-  def __call__(self, x: jax.Array, mask: jax.Array,
-               deterministic: bool) -> jax.Array:
+  def __call__(self, x: jax.Array, mask: jax.Array, deterministic: bool,
+               doc_ids: jax.Array | None = None) -> jax.Array:
     """Attends over ``x``.
 
     Args:
@@ -162,6 +167,8 @@ class MultiHeadAttention(nn.Module):
       mask: bool [batch, 1 or heads, length, length]; True where query may
         attend to key.
       deterministic: disables dropout.
+      doc_ids: None, or int32 [batch, length] when ``mask`` is exactly
+        ``doc_attention_mask(doc_ids)``: the segment ids splash needs.
 
     Returns:
       [batch, length, embed] in ``dtype``.
@@ -175,11 +182,11 @@ class MultiHeadAttention(nn.Module):
     q = head_projection(self.num_heads, head_dim, self.dtype, "query")(x)
     k = head_projection(self.num_heads, head_dim, self.dtype, "key")(x)
     v = head_projection(self.num_heads, head_dim, self.dtype, "value")(x)
-    q = q / jnp.sqrt(head_dim).astype(q.dtype)
-    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k,
-                        preferred_element_type=jnp.float32)
-    return attend_values(logits, mask, v, self.dropout_rate, deterministic,
-                         self.dtype)
+    out = attention_lib.attend(
+        q, k, v, mask, segment_ids=doc_ids, impl=self.impl,
+        dropout_rate=self.dropout_rate, deterministic=deterministic,
+        dtype=self.dtype)
+    return out_projection(out, self.dtype)
 
 
 def head_projection(num_heads: int, head_dim: int, dtype: Dtype,
@@ -197,14 +204,15 @@ def attend_values(logits: jax.Array, mask: jax.Array, v: jax.Array,
   """Masked softmax of float32 ``logits`` [batch, heads, q, k], dropout, the
   weighted sum of ``v`` [batch, k, heads, kv] and the output projection
   (named 'out', called inside the attention module): [batch, q, embed]."""
-  # jnp.where (not an additive -inf) keeps a fully masked query row finite:
-  # it becomes a uniform average instead of NaN, and padding queries are
-  # never read by real tokens.
-  logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-  probs = jax.nn.softmax(logits, axis=-1)
-  probs = nn.Dropout(rate=dropout_rate)(probs, deterministic)
-  out = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(dtype), v)
-  hidden = v.shape[-2] * v.shape[-1]
+  out = attention_lib.softmax_values(logits, mask, v, dropout_rate,
+                                     deterministic, dtype)
+  return out_projection(out, dtype)
+
+
+def out_projection(out: jax.Array, dtype: Dtype) -> jax.Array:
+  """[batch, q, heads, kv] -> [batch, q, embed]: the attention output
+  projection, named 'out' (call inside the attention module)."""
+  hidden = out.shape[-2] * out.shape[-1]
   return nn.DenseGeneral(
       features=hidden, axis=(-2, -1), dtype=dtype, param_dtype=jnp.float32,
       kernel_init=kernel_init("heads", "kv", "embed"),

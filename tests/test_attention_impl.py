@@ -1,0 +1,218 @@
+"""The attention kernels of config.attention_impl agree with the xla reference.
+
+The reference is today's path (einsum, jnp.where, float32 softmax). Splash is
+a TPU Pallas kernel; on this CPU it runs in Pallas interpret mode, which
+executes the same kernel body. cuDNN needs a GPU and is not tested here.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import variant_steps
+from bertjax import batch as batch_lib
+from bertjax import config_validation
+from bertjax import train
+from bertjax.models import attention
+from bertjax.models import layers
+
+BATCH, LENGTH, HEADS, HEAD_DIM = 3, 128, 2, 16
+
+
+def _doc_ids():
+  """Row 0: three packed documents then padding; row 1: one document filling
+  the row; row 2: all padding."""
+  doc_ids = np.zeros((BATCH, LENGTH), np.int32)
+  doc_ids[0, :40], doc_ids[0, 40:90], doc_ids[0, 90:117] = 1, 2, 3
+  doc_ids[1, :] = 1
+  return jnp.asarray(doc_ids)
+
+
+def _qkv(dtype, seed=0):
+  keys = jax.random.split(jax.random.key(seed), 3)
+  return [jax.random.normal(k, (BATCH, LENGTH, HEADS, HEAD_DIM)).astype(dtype)
+          for k in keys]
+
+
+def _attend(impl, q, k, v, doc_ids, dtype):
+  # attend builds no parameters, but the xla path's dropout is a flax module.
+  return attention.attend(q, k, v, layers.doc_attention_mask(doc_ids),
+                          segment_ids=doc_ids, impl=impl, dtype=dtype)
+
+
+def _by_hand(q, k, v, doc_ids):
+  """Softmax attention written from its definition, float64 in numpy."""
+  q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+  doc = np.asarray(doc_ids)
+  logits = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(HEAD_DIM)
+  allowed = (doc[:, :, None] == doc[:, None, :]) & (doc != 0)[:, None, :]
+  allowed = allowed[:, None]
+  # A query that may see no key (padding) averages all keys uniformly.
+  nothing = ~allowed.any(-1, keepdims=True)
+  logits = np.where(nothing, 0.0, np.where(allowed, logits, -np.inf))
+  probs = np.exp(logits - logits.max(-1, keepdims=True))
+  probs /= probs.sum(-1, keepdims=True)
+  return np.einsum("bhqk,bkhd->bqhd", probs, v)
+
+
+def test_xla_reference_matches_the_definition():
+  q, k, v = _qkv(jnp.float32)
+  doc_ids = _doc_ids()
+  got = _attend("xla", q, k, v, doc_ids, jnp.float32)
+  np.testing.assert_allclose(got, _by_hand(q, k, v, doc_ids), atol=2e-5,
+                             rtol=1e-5)
+
+
+# fp32: 1e-5; bf16 inputs and outputs round to 8 bits of mantissa (~4e-3),
+# and the kernels order their float32 sums differently.
+_TOL = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}
+
+
+@pytest.mark.parametrize("impl", ["dot_product", "splash"])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_fused_output_equals_reference(impl, dtype):
+  q, k, v = _qkv(dtype)
+  doc_ids = _doc_ids()
+  want = _attend("xla", q, k, v, doc_ids, dtype)
+  got = _attend(impl, q, k, v, doc_ids, dtype)
+  assert got.dtype == want.dtype == dtype
+  # Every row, the padding queries' uniform average included.
+  np.testing.assert_allclose(np.asarray(got, np.float32),
+                             np.asarray(want, np.float32),
+                             atol=_TOL[dtype], rtol=_TOL[dtype])
+
+
+@pytest.mark.parametrize("impl", ["dot_product", "splash"])
+def test_fused_gradients_equal_reference(impl):
+  q, k, v = _qkv(jnp.float32, seed=1)
+  doc_ids = _doc_ids()
+  # The cotangent is zero on padding queries, as in the model: padding
+  # outputs feed only padding positions, which no loss reads. (Splash lets
+  # gradient through a fully masked row, the reference does not; no real
+  # token ever sees the difference.)
+  weight = jax.random.normal(jax.random.key(2), q.shape) * (doc_ids != 0)[:, :, None, None]
+
+  def loss(impl, q, k, v):
+    return jnp.sum(_attend(impl, q, k, v, doc_ids, jnp.float32) * weight)
+
+  want = jax.grad(lambda *a: loss("xla", *a), argnums=(0, 1, 2))(q, k, v)
+  got = jax.grad(lambda *a: loss(impl, *a), argnums=(0, 1, 2))(q, k, v)
+  for g, w in zip(got, want):
+    scale = float(jnp.max(jnp.abs(w)))
+    np.testing.assert_allclose(g, w, atol=1e-5 * scale, rtol=1e-5)
+
+
+def test_auto_picks_per_platform():
+  common = dict(has_segments=True, length=512, dropout=False)
+  assert attention.resolve("auto", platform="cpu", dtype=jnp.bfloat16,
+                           **common) == "xla"
+  assert attention.resolve("auto", platform="tpu", dtype=jnp.float32,
+                           **common) == "splash"
+  assert attention.resolve("auto", platform="gpu", dtype=jnp.bfloat16,
+                           **common) == "dot_product"
+  # cuDNN has no float32 kernel; active dropout and non-document masks
+  # (UniLM, no segment ids) or untileable lengths keep the reference.
+  assert attention.resolve("auto", platform="gpu", dtype=jnp.float32,
+                           **common) == "xla"
+  assert attention.resolve("auto", platform="tpu", dtype=jnp.float32,
+                           **dict(common, dropout=True)) == "xla"
+  assert attention.resolve("auto", platform="tpu", dtype=jnp.float32,
+                           **dict(common, has_segments=False)) == "xla"
+  assert attention.resolve("auto", platform="tpu", dtype=jnp.float32,
+                           **dict(common, length=96)) == "xla"
+
+
+def test_auto_on_this_cpu_is_bit_identical_to_xla():
+  q, k, v = _qkv(jnp.float32, seed=3)
+  doc_ids = _doc_ids()
+  assert jax.default_backend() == "cpu"
+  np.testing.assert_array_equal(_attend("auto", q, k, v, doc_ids, jnp.float32),
+                                _attend("xla", q, k, v, doc_ids, jnp.float32))
+
+
+def _tiny_config(demo_config, **overrides):
+  c = demo_config.copy_and_resolve_references()
+  c.vocab_size = 512
+  c.seq_len = 128
+  c.max_predictions_per_seq = 8
+  c.batch_size = 4
+  c.dropout_rate = 0.0
+  c.attention_dropout_rate = 0.0
+  c.mesh_shape = "-1,1,1"
+  c.objective = "mlm_only"  # packed full-sentence rows, as RoBERTa trains
+  # One small layer: the step's compile time is the test's cost.
+  c.num_layers, c.hidden_size, c.num_heads, c.mlp_dim = 1, 64, 2, 128
+  for key, value in overrides.items():
+    c[key] = value
+  return c
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (dict(attention_impl="flash"), "attention_impl='flash' is unknown"),
+    (dict(attention_impl="splash", attention_dropout_rate=0.1),
+     "attention_dropout_rate=0"),
+    (dict(attention_impl="splash", seq_len=96), "multiple of 128"),
+    (dict(attention_impl="splash", objective="unilm", layout="sentence_pairs"),
+     "UniLM"),
+    (dict(attention_impl="dot_product", model="xlnet"), "only used by the BERT"),
+])
+def test_config_validation_names_the_fix(demo_config, overrides, words):
+  config = _tiny_config(demo_config, **overrides)
+  with pytest.raises(ValueError, match="--config.attention_") as e:
+    config_validation.validate(config)
+  assert words in str(e.value)
+  config_validation.validate(_tiny_config(demo_config, attention_impl="splash"))
+
+
+def _packed_batch(config, seed=0):
+  """Full-sentence rows as RoBERTa packs them: several documents per row,
+  positions restarting per document, padding at the end of some rows."""
+  b, s = config.batch_size, config.seq_len
+  rng = np.random.default_rng(seed)
+  out = batch_lib.empty_batch(b, s)
+  for i in range(b):
+    ends = sorted(rng.choice(np.arange(20, s - 10), 2, replace=False))
+    length = s if i % 2 else ends[1]  # odd rows full, even rows end in padding
+    bounds = [0, ends[0], length] if i % 2 == 0 else [0, ends[0], ends[1], s]
+    for d, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
+      out["tokens"][i, lo:hi] = rng.integers(
+          batch_lib.NUM_SPECIAL_TOKENS, config.vocab_size, hi - lo)
+      out["tokens"][i, lo] = batch_lib.CLS_ID
+      out["doc_ids"][i, lo:hi] = d + 1
+      out["positions"][i, lo:hi] = np.arange(hi - lo)
+      out["special"][i, lo + 1:hi] = False
+    out["word_starts"][i, :length] = True
+    out["a_lengths"][i] = length - 1
+  out["example_id"][:, 0] = np.arange(b)
+  out["example_mask"][:] = True
+  return out
+
+
+def _losses(config, steps, mesh_shape="1,1,1"):
+  devices = jax.devices()[:1] if mesh_shape == "1,1,1" else None
+  mesh, state, step_fn = variant_steps.setup(config, mesh_shape, devices)
+  batch = _packed_batch(config)
+  losses = []
+  with mesh:
+    for i in range(steps):
+      state, metrics = step_fn(state, train.to_global(batch, mesh),
+                               jax.random.key(i))
+      total, count = metrics["loss"]
+      losses.append(float(total) / float(count))
+  return np.array(losses)
+
+
+@pytest.fixture(scope="module")
+def xla_losses(demo_config):
+  return _losses(_tiny_config(demo_config, attention_impl="xla"), 2)
+
+
+# Splash on a 2x2x2 mesh runs in shard_map: rows split over data and fsdp,
+# the two heads over tensor (one device's splash is the kernel tests' case).
+@pytest.mark.parametrize("impl, mesh_shape", [
+    ("dot_product", "1,1,1"), ("splash", "2,2,2")])
+def test_bert_train_steps_match_xla(demo_config, xla_losses, impl, mesh_shape):
+  got = _losses(_tiny_config(demo_config, attention_impl=impl), 2, mesh_shape)
+  assert np.all(np.isfinite(xla_losses)) and xla_losses[0] != xla_losses[-1]
+  np.testing.assert_allclose(got, xla_losses, rtol=1e-5, atol=1e-5)
