@@ -41,6 +41,12 @@ ARCHITECTURES = {
 }
 
 
+# bertjax models exported as another model's HF type (SpanBERT as a BERT),
+# found from ``config.model`` only: an HF import of that type gives the
+# model ARCHITECTURES names.
+EXPORT_ONLY = ("bertjax.convert.spanbert",)
+
+
 def mapping_for_hf(model_type: str) -> ModuleType:
   """The mapping module of an HF ``model_type``, or a ValueError listing them."""
   if model_type not in ARCHITECTURES:
@@ -58,13 +64,13 @@ def mapping_for_model(model: str) -> ModuleType:
   """
   if model in ARCHITECTURES:
     return importlib.import_module(ARCHITECTURES[model])
-  for name in ARCHITECTURES.values():
+  for name in (*ARCHITECTURES.values(), *EXPORT_ONLY):
     module = importlib.import_module(name)
     if module.BERTJAX_MODEL == model:
       return module
   raise ValueError(
       f"bertjax model {model!r} cannot be exported to Hugging Face yet; "
-      f"supported: {', '.join(sorted(ARCHITECTURES))}.")
+      f"supported: {', '.join(sorted(ARCHITECTURES))}, spanbert.")
 
 
 def mapping_for_config(config) -> ModuleType:
