@@ -61,8 +61,9 @@ def evaluate_params(config, params, prepared, mesh, model, objective, *,
       process_index=jax.process_index(), process_count=jax.process_count(),
       max_batches=config.eval_max_batches)
   step_fn = jax.jit(
-      functools.partial(eval_step, model=model, objective=objective,
-                        vocab_size=config.vocab_size),
+      sharding.with_rules(functools.partial(
+          eval_step, model=model, objective=objective,
+          vocab_size=config.vocab_size), mesh),
       in_shardings=(None, sharding.batch_sharding(mesh), sharding.replicated(mesh)),
       out_shardings=sharding.replicated(mesh))
   rng = jax.random.key(config.eval_seed)

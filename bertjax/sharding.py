@@ -14,7 +14,9 @@ place that says where each goes.
 
 from __future__ import annotations
 
+import functools
 import math
+import threading
 from typing import Any
 
 import jax
@@ -88,6 +90,52 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec())
+
+
+# The mesh of the step being traced (``with_rules``), read by ``constrain``.
+_TRACING = threading.local()
+
+
+def with_rules(fn: Any, mesh: Mesh | None) -> Any:
+  """``fn``, whose tracing makes the models' ``constrain`` calls take effect
+  on ``mesh`` (outside it they are no-ops: init, single-device use).
+
+  The models pin activations and gathered kernels with ``constrain``
+  (``layers.HIDDEN_AXES``, ``layers.gathered``), by logical axis names
+  mapped through ``LOGICAL_RULES``. (flax's own ``with_logical_constraint``
+  would need its axis rules and an abstract mesh bound, which also turns on
+  constraints in flax's parameter unboxing, wrong for DenseGeneral's
+  flattened kernels.)
+  """
+  @functools.wraps(fn)
+  def traced(*args, **kwargs):
+    previous = getattr(_TRACING, "mesh", None)
+    _TRACING.mesh = mesh
+    try:
+      return fn(*args, **kwargs)
+    finally:
+      _TRACING.mesh = previous
+  return traced
+
+
+def constrain(x: Any, logical_axes: tuple[str | None, ...]) -> Any:
+  """``x`` constrained to the sharding of its logical axes on the traced
+  step's mesh (``with_rules``); unchanged outside such a trace."""
+  mesh = getattr(_TRACING, "mesh", None)
+  if mesh is None:
+    return x
+  rules = dict(LOGICAL_RULES)
+  used, entries = set(), []
+  for name in logical_axes:
+    axes = rules.get(name) if name else None
+    group = (axes,) if isinstance(axes, str) else tuple(axes or ())
+    if not group or used & set(group):  # a mesh axis splits one dimension only
+      entries.append(None)                # (as flax's logical rules resolve)
+    else:
+      used.update(group)
+      entries.append(axes)
+  return jax.lax.with_sharding_constraint(
+      x, NamedSharding(mesh, PartitionSpec(*entries)))
 
 
 def logical_to_sharding(spec_tree: Any, mesh: Mesh) -> Any:

@@ -218,9 +218,10 @@ def make_train_step(model, objective, tx, state_shardings, mesh, *,
                     debug_nan_step: int = -1, microbatches: int = 1):
   """Jits ``train_step`` once with in/out shardings and a donated state."""
   return jax.jit(
-      functools.partial(train_step, model=model, objective=objective, tx=tx,
-                        debug_nan_step=debug_nan_step,
-                        microbatches=microbatches, mesh=mesh),
+      sharding.with_rules(functools.partial(
+          train_step, model=model, objective=objective, tx=tx,
+          debug_nan_step=debug_nan_step, microbatches=microbatches, mesh=mesh),
+          mesh),
       in_shardings=(state_shardings, sharding.batch_sharding(mesh),
                     sharding.replicated(mesh)),
       out_shardings=(state_shardings, sharding.replicated(mesh)),

@@ -210,8 +210,11 @@ def test_local_csv_and_conll_files_learn_a_visible_rule(pretrained, tmp_path):
   table = loop.run(_finetune_config("local", train_files=str(tmp_path / "train.csv"),
                                     eval_files=str(tmp_path / "dev.csv"), **kw),
                    pretrained, str(tmp_path / "csv"))
+  # Tagging gets more epochs: its 24 steps at 3 epochs left recall at 0.25
+  # from an init pretrained with other NSP negatives (a brittle budget).
   tags = loop.run(_finetune_config("local", train_files=str(tmp_path / "train.conll"),
-                                   eval_files=str(tmp_path / "dev.conll"), **kw),
+                                   eval_files=str(tmp_path / "dev.conll"),
+                                   **{**kw, "num_epochs": 8.0}),
                   pretrained, str(tmp_path / "conll"))
   # 128 balanced rows: chance is 0.5, 0.9 is 9 standard errors above it.
   assert table["accuracy"] > 0.9, table

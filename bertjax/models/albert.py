@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from bertjax import sharding
 from bertjax.models import bert
 from bertjax.models import layers
 from bertjax.models import sizes
@@ -142,7 +143,7 @@ class SharedEncoder(nn.Module):
 
     ``mask`` is bool [batch, 1, length, length] (``layers.doc_attention_mask``).
     """
-    x = nn.with_logical_constraint(x, layers.HIDDEN_AXES)
+    x = sharding.constrain(x, layers.HIDDEN_AXES)
     for i in range(self.num_layers):
       a = min(i, len(self.attention) - 1)
       m = min(i, len(self.mlp) - 1)
@@ -150,7 +151,7 @@ class SharedEncoder(nn.Module):
       x = self.attention_norm[a](x + self.dropout(y, deterministic))
       y = self.mlp[m](x)
       x = self.mlp_norm[m](x + self.dropout(y, deterministic))
-      x = nn.with_logical_constraint(x, layers.HIDDEN_AXES)
+      x = sharding.constrain(x, layers.HIDDEN_AXES)
     return x
 
 

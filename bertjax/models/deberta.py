@@ -52,6 +52,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from bertjax import sharding
 from bertjax.models import bert
 from bertjax.models import disentangled
 from bertjax.models import layers
@@ -149,7 +150,7 @@ class DebertaForPretraining(nn.Module):
     before_last = self.encoder(x, mask, deterministic, context) if (
         self.num_layers > 1) else x
     hidden = self.last_layer(before_last, mask, deterministic, context)
-    hidden = nn.with_logical_constraint(hidden, layers.HIDDEN_AXES)
+    hidden = sharding.constrain(hidden, layers.HIDDEN_AXES)
     decoded = hidden
     if self.emd_layers > 0:
       absolute = self.embeddings.position_embeddings(inputs["positions"])

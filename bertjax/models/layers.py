@@ -28,6 +28,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bertjax import sharding
 from bertjax.models import attention as attention_lib
 
 Dtype = Any
@@ -37,6 +38,28 @@ KERNEL_STDDEV = 0.02
 LAYER_NORM_EPS = 1e-12
 # Logical names of the hidden states between blocks.
 HIDDEN_AXES = ("batch", "length", "embed")
+
+
+def gathered(*kernel_axes: str | None) -> Callable[..., jax.Array]:
+  """A ``dot_general`` for a kernel whose logical axes, as the product sees
+  it (DenseGeneral flattens its kernel to 2-D), are ``kernel_axes``: the
+  kernel's FSDP axis ('embed') is gathered before the product.
+
+  Under FSDP the kernel is split on 'embed' over the same mesh axis as the
+  batch's rows. Left to itself, XLA's partitioner may instead move the
+  activations onto the kernel's split, and every chip then holds partial
+  sums of the whole batch (BERT-mini at 256 chips: 2 GiB a chip of them);
+  a kernel whole on 'embed' where it is used makes it gather the weights,
+  the FSDP way. A no-op outside a traced step (``sharding.with_rules``).
+  """
+  spec = tuple(None if name == "embed" else name for name in kernel_axes)
+
+  def dot_general(lhs, rhs, dimension_numbers, precision=None, **kwargs):
+    if rhs.ndim == len(spec):
+      rhs = sharding.constrain(rhs, spec)
+    return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
+                               **kwargs)
+  return dot_general
 
 
 def kernel_init(*names: str | None) -> Callable[..., Any]:
@@ -194,7 +217,7 @@ def head_projection(num_heads: int, head_dim: int, dtype: Dtype,
   """[..., embed] -> [..., heads, kv]: a query/key/value projection."""
   return nn.DenseGeneral(
       features=(num_heads, head_dim), dtype=dtype, param_dtype=jnp.float32,
-      kernel_init=kernel_init("embed", "heads", "kv"),
+      kernel_init=kernel_init("embed", "heads", "kv"), dot_general=gathered("embed", "heads"),
       bias_init=zeros_init("heads", "kv"), name=name)
 
 
@@ -215,7 +238,7 @@ def out_projection(out: jax.Array, dtype: Dtype) -> jax.Array:
   hidden = out.shape[-2] * out.shape[-1]
   return nn.DenseGeneral(
       features=hidden, axis=(-2, -1), dtype=dtype, param_dtype=jnp.float32,
-      kernel_init=kernel_init("heads", "kv", "embed"),
+      kernel_init=kernel_init("heads", "kv", "embed"), dot_general=gathered("heads", "embed"),
       bias_init=zeros_init("embed"), name="out")(out)
 
 
@@ -236,11 +259,11 @@ class Mlp(nn.Module):
     """Maps [batch, length, embed] to [batch, length, embed]."""
     hidden = x.shape[-1]
     y = nn.Dense(self.mlp_dim, dtype=self.dtype, param_dtype=jnp.float32,
-                 kernel_init=kernel_init("embed", "mlp"),
+                 kernel_init=kernel_init("embed", "mlp"), dot_general=gathered("embed", "mlp"),
                  bias_init=zeros_init("mlp"), name="wi")(x)
     y = activation(self.activation)(y)
     return nn.Dense(hidden, dtype=self.dtype, param_dtype=jnp.float32,
-                    kernel_init=kernel_init("mlp", "embed"),
+                    kernel_init=kernel_init("mlp", "embed"), dot_general=gathered("mlp", "embed"),
                     bias_init=zeros_init("embed"), name="wo")(y)
 
 
@@ -319,7 +342,7 @@ class _ScannedBlock(nn.Module):
                context: dict[str, jax.Array]) -> tuple[jax.Array, None]:
     x = self.block_cls(**self.block_kwargs, name="block")(
         x, mask, self.deterministic, context)
-    return nn.with_logical_constraint(x, HIDDEN_AXES), None
+    return sharding.constrain(x, HIDDEN_AXES), None
 
 
 class Encoder(nn.Module):
@@ -376,7 +399,7 @@ class Encoder(nn.Module):
         attention_dropout_rate=self.attention_dropout_rate,
         dtype=self.dtype, attention_cls=self.attention_cls,
         layer_norm_eps=self.layer_norm_eps, activation=self.activation)
-    x = nn.with_logical_constraint(x, HIDDEN_AXES)
+    x = sharding.constrain(x, HIDDEN_AXES)
     if self.scan_layers:
       stack = nn.scan(
           _ScannedBlock, variable_axes={"params": 0},
@@ -389,7 +412,7 @@ class Encoder(nn.Module):
       return x
     for i in range(self.num_layers):
       x = block_cls(**kwargs, name=f"layer_{i}")(x, mask, deterministic, context)
-      x = nn.with_logical_constraint(x, HIDDEN_AXES)
+      x = sharding.constrain(x, HIDDEN_AXES)
     return x
 
 

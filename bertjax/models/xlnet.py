@@ -75,6 +75,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from bertjax import sharding
 from bertjax.models import layers
 from bertjax.models import sizes
 
@@ -284,7 +285,7 @@ class TwoStreamBlock(nn.Module):
     for stream, y in zip(streams, attended):
       x = attention_norm(stream["x"] + dropout(y, deterministic))
       x = mlp_norm(x + dropout(mlp(x), deterministic))
-      outputs.append(nn.with_logical_constraint(x, layers.HIDDEN_AXES))
+      outputs.append(sharding.constrain(x, layers.HIDDEN_AXES))
     return outputs[0], (outputs[1] if g is not None else None)
 
 
