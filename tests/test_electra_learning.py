@@ -4,8 +4,8 @@ A regression probe for the discriminator's whole path: the samples written
 into its input, the labels, the loss over the real tokens, λ, the head and
 the gradient into the shared embeddings. The generator is swapped for one that
 always proposes the same rare token, so every chosen position gets a token
-that gives itself away; a working discriminator separates them within a few
-dozen steps, a broken path (labels off by a position, samples not in the
+that gives itself away; a working discriminator separates them within a hundred
+steps, a broken path (labels off by a position, samples not in the
 input, loss on the wrong tokens, no gradient) stays at chance.
 """
 
@@ -50,7 +50,7 @@ def test_discriminator_learns_a_rare_token_replacement(demo_data):
   c.data_dir = demo_data.data_dir
   c.batch_size, c.seq_len, c.max_predictions_per_seq = 16, 32, 5
   c.shuffle_window = 64
-  c.num_train_steps, c.warmup_steps = 60, 10
+  c.num_train_steps, c.warmup_steps = 100, 10
   mesh = sharding.make_mesh("1,1,1", jax.devices()[:1])
   model, tx = models.get_model(c), optim.make_optimizer(c)
   state, shardings = state_lib.create_train_state(model, tx, c, mesh)
@@ -73,6 +73,7 @@ def test_discriminator_learns_a_rare_token_replacement(demo_data):
   # being the original) all of them are replaced.
   assert 0.10 < ratio["replaced_fraction"] < 0.20, ratio
   # Over the ~2000 scored tokens of 10 batches, chance gives AUC 0.5 +- 0.02
-  # and accuracy at the all-original rate; a path that learns gets ~1.
-  assert ratio["disc_auc"] > 0.95, ratio
-  assert ratio["disc_accuracy"] > ratio["disc_all_original_accuracy"] + 0.1, ratio
+  # and accuracy at the all-original rate +- 0.008; a path that learns is far
+  # above both (measured at step 100: AUC 0.953, accuracy 0.965 against 0.862).
+  assert ratio["disc_auc"] > 0.9, ratio
+  assert ratio["disc_accuracy"] > ratio["disc_all_original_accuracy"] + 0.05, ratio
