@@ -15,7 +15,6 @@ from typing import Any, Mapping
 
 from bertjax.convert import bert
 from bertjax.convert import rules as R
-from bertjax.models import layers
 from bertjax.models import spanbert as spanbert_model
 
 MODEL_TYPE = bert.MODEL_TYPE
@@ -48,13 +47,10 @@ def rules(config: Mapping[str, Any]) -> list[R.Rule]:
 
 def build_model(config: Mapping[str, Any], dtype: Any
                 ) -> spanbert_model.SpanBertForPretraining:
-  """The bertjax module for explicit dimensions, SBO head included."""
+  """The bertjax module for explicit dimensions: BERT's (bert.build_model),
+  without a sentence head, plus the SBO head."""
+  base = bert.build_model(_without_sentence_head(config), dtype)
+  fields = {name: getattr(base, name)
+            for name in type(base).__dataclass_fields__ if name not in ("parent", "name")}
   return spanbert_model.SpanBertForPretraining(
-      vocab_size=config["vocab_size"],
-      max_position_embeddings=config["max_position_embeddings"],
-      type_vocab_size=config["type_vocab_size"], num_layers=config["num_layers"],
-      hidden_size=config["hidden_size"], num_heads=config["num_heads"],
-      mlp_dim=config["mlp_dim"], dropout_rate=config["dropout_rate"],
-      attention_dropout_rate=config["attention_dropout_rate"], dtype=dtype,
-      sentence_head=False, sbo_max_offset=int(config.get("sbo_max_offset", 31)),
-      **layers.numerics(config))
+      sbo_max_offset=int(config.get("sbo_max_offset", 31)), **fields)
