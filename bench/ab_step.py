@@ -35,6 +35,8 @@ A variant is a ``+``-joined set of features (``qkv_fused+heads_major``):
                layer instead of a boolean select per layer.
   dpa          the attention core as ``jax.nn.dot_product_attention``
                (implementation 'xla') on [batch, length, heads, kv].
+  embed_gather the position and segment tables read by gather (their
+               gradient a scatter-add), as before the one-hot lookup.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ from bertjax import optim  # noqa: E402
 from bertjax import sharding  # noqa: E402
 from bertjax import state as state_lib  # noqa: E402
 from bertjax import train  # noqa: E402
+from bertjax.models import bert as bert_model  # noqa: E402
 from bertjax.models import layers  # noqa: E402
 
 _VARIANTS = flags.DEFINE_list("variants", ["baseline", "guard_cond"],
@@ -72,7 +75,8 @@ _ROUNDS = flags.DEFINE_integer("rounds", 9, "Interleaved timed rounds.")
 _WARMUP = flags.DEFINE_integer("ab_warmup", 2, "Untimed steps per variant.")
 
 _ATTENTION_FEATURES = ("flat2d", "qkv_fused", "heads_major", "mask_bias", "dpa")
-_FEATURES = ("baseline", "guard_cond", "guard_where") + _ATTENTION_FEATURES
+_FEATURES = ("baseline", "guard_cond", "guard_where",
+             "embed_gather") + _ATTENTION_FEATURES
 
 
 def _guard_cond(finite, tx, grads, params, opt_state):
@@ -203,6 +207,7 @@ def _patched(variant: str):
     raise ValueError(f"Unknown variant feature(s) {sorted(unknown)}; pick from "
                      f"{', '.join(_FEATURES)}.")
   saved = (guards.update_if_finite, layers.Encoder, layers.combine_masks)
+  saved_lookup = bert_model._one_hot_lookup
   try:
     if "guard_cond" in features:
       guards.update_if_finite = _guard_cond
@@ -216,9 +221,12 @@ def _patched(variant: str):
           "__annotations__": {"attention_cls": Any}, "attention_cls": cls})
     if "mask_bias" in features:
       layers.combine_masks = _bias_masks
+    if "embed_gather" in features:
+      bert_model._one_hot_lookup = lambda table, ids, dtype: table(ids)
     yield
   finally:
     guards.update_if_finite, layers.Encoder, layers.combine_masks = saved
+    bert_model._one_hot_lookup = saved_lookup
 
 
 def _build(config, variant: str):

@@ -70,6 +70,10 @@ _SYSTEMS = flags.DEFINE_list("systems", ["bertjax", "hf_flax"],
 _STEPS = flags.DEFINE_integer("profile_steps", 3, "Timed and traced steps.")
 _TOP = flags.DEFINE_integer("top", 0, "Also list the N costliest ops "
                             "(instruction, kind, op_name, share).")
+_RAW_TOP = flags.DEFINE_integer(
+    "raw_top", 0, "Also list the N costliest trace events of any name, per "
+    "trace line (on a GPU: the kernels, which need not carry HLO names), "
+    "with each line's busy seconds per step.")
 
 # (part, pattern on the op_name), first match wins. Patterns match whole path
 # components where a substring would mislead ("transpose" contains "nsp").
@@ -146,6 +150,26 @@ def _part(op_name: str, system: str) -> str:
   return f"{direction} other"
 
 
+def _raw_summary(events: list[dict], steps: int, top: int) -> dict:
+  """Busy seconds per step of each trace line and its costliest event names."""
+  names = {}
+  for e in events:
+    if e.get("ph") == "M" and e.get("name") in ("process_name", "thread_name"):
+      key = (e.get("pid"),) if e["name"] == "process_name" else (e.get("pid"), e.get("tid"))
+      names[key] = e.get("args", {}).get("name", "")
+  lines: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+  for e in events:
+    if e.get("ph") == "X":
+      line = f"{names.get((e.get('pid'),), e.get('pid'))} | " \
+             f"{names.get((e.get('pid'), e.get('tid')), e.get('tid'))}"
+      lines[line][e.get("name", "")[:120]] += e.get("dur", 0) / 1e6 / steps
+  out = {}
+  for line, counter in sorted(lines.items(), key=lambda kv: -sum(kv[1].values())):
+    out[line] = {"busy_s": round(sum(counter.values()), 5),
+                 "top": [(n, round(t, 6)) for n, t in counter.most_common(top)]}
+  return out
+
+
 def _trace(run, steps: int) -> list[dict]:
   with tempfile.TemporaryDirectory() as trace_dir:
     with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
@@ -194,7 +218,10 @@ def profile(config, system: str, steps: int = 3) -> dict:
   by_part: dict[str, float] = collections.Counter()
   by_op: dict[str, float] = collections.Counter()
   by_part_kind: dict[tuple[str, str], float] = collections.Counter()
-  for event in _trace(run, steps):
+  events = _trace(run, steps)
+  if _RAW_TOP.value:
+    extra["raw"] = _raw_summary(events, steps, _RAW_TOP.value)
+  for event in events:
     if event.get("ph") == "X" and event.get("name") in table:
       kind, op_name = table[event["name"]]
       seconds = event["dur"] / 1e6 / steps

@@ -2,7 +2,9 @@
 
 The reference is today's path (einsum, jnp.where, float32 softmax). Splash is
 a TPU Pallas kernel; on this CPU it runs in Pallas interpret mode, which
-executes the same kernel body. cuDNN needs a GPU and is not tested here.
+executes the same kernel body. cuDNN needs a GPU: its tests are skipped
+elsewhere (run them on a GPU host with
+``JAX_PLATFORMS=cuda pytest tests/test_attention_impl.py -k cudnn``).
 """
 
 import jax
@@ -18,6 +20,7 @@ from bertjax.models import attention
 from bertjax.models import layers
 
 BATCH, LENGTH, HEADS, HEAD_DIM = 3, 128, 2, 16
+_ON_GPU = jax.default_backend() == "gpu"
 
 
 def _doc_ids():
@@ -72,6 +75,8 @@ _TOL = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}
 @pytest.mark.parametrize("impl", ["dot_product", "splash"])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_fused_output_equals_reference(impl, dtype):
+  if impl == "splash" and _ON_GPU:
+    pytest.skip("splash is a TPU kernel; a GPU's float32 reference runs in TF32")
   q, k, v = _qkv(dtype)
   doc_ids = _doc_ids()
   want = _attend("xla", q, k, v, doc_ids, dtype)
@@ -103,6 +108,34 @@ def test_fused_gradients_equal_reference(impl):
     np.testing.assert_allclose(g, w, atol=1e-5 * scale, rtol=1e-5)
 
 
+@pytest.mark.skipif(not _ON_GPU, reason="cuDNN attention needs a GPU")
+def test_cudnn_output_and_gradients_equal_reference_in_bfloat16():
+  q, k, v = _qkv(jnp.bfloat16, seed=4)
+  doc_ids = _doc_ids()
+  weight = (jax.random.normal(jax.random.key(5), q.shape) *
+            (doc_ids != 0)[:, :, None, None]).astype(jnp.bfloat16)
+  real = np.asarray(doc_ids != 0)
+
+  def loss(impl, q, k, v):
+    out = _attend(impl, q, k, v, doc_ids, jnp.bfloat16)
+    return jnp.sum((out * weight).astype(jnp.float32))
+
+  assert "cudnn" in jax.jit(lambda *a: _attend(
+      "dot_product", *a, doc_ids, jnp.bfloat16)).lower(q, k, v).as_text().lower()
+  want = _attend("xla", q, k, v, doc_ids, jnp.bfloat16)
+  got = _attend("dot_product", q, k, v, doc_ids, jnp.bfloat16)
+  # Real queries only: what a fully masked (padding) query gets is never read.
+  np.testing.assert_allclose(np.asarray(got, np.float32)[real],
+                             np.asarray(want, np.float32)[real], atol=2e-2, rtol=2e-2)
+  want_g = jax.grad(lambda *a: loss("xla", *a), argnums=(0, 1, 2))(q, k, v)
+  got_g = jax.grad(lambda *a: loss("dot_product", *a), argnums=(0, 1, 2))(q, k, v)
+  for g, w in zip(got_g, want_g):
+    g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
+    assert np.all(np.isfinite(g))
+    # bf16 gradients: relative error of the whole tensor, as for any bf16 kernel.
+    assert np.linalg.norm(g - w) <= 2e-2 * np.linalg.norm(w)
+
+
 def test_auto_picks_per_platform():
   common = dict(has_segments=True, length=512, dropout=False)
   assert attention.resolve("auto", platform="cpu", dtype=jnp.bfloat16,
@@ -123,6 +156,7 @@ def test_auto_picks_per_platform():
                            **dict(common, length=96)) == "xla"
 
 
+@pytest.mark.skipif(_ON_GPU, reason="checks the CPU choice")
 def test_auto_on_this_cpu_is_bit_identical_to_xla():
   q, k, v = _qkv(jnp.float32, seed=3)
   doc_ids = _doc_ids()
