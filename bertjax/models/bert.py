@@ -295,17 +295,36 @@ def from_config(config: ml_collections.ConfigDict,
 
 
 def _one_hot_lookup(table: nn.Embed, ids: jax.Array, dtype: Dtype) -> jax.Array:
-  """Rows ``ids`` of a small table (positions, segments) as a one-hot matmul.
+  """Rows ``ids`` of a small table (positions, segments) in ``dtype``, whose
+  gradient is a one-hot matmul instead of a scatter-add.
 
-  The same values as ``table(ids)``, exactly (one 1.0 per row, HIGHEST
-  precision), but the gradient is a matmul instead of a scatter-add. Every
-  row of the batch scatters into the same few table rows (2 segment rows,
-  ``seq_len`` position rows), and XLA's GPU scatter serialises those colliding
-  adds: on an H100 the two scatters took 75 ms of BERT-base's 110 ms step
-  (batch 32 x 512, bf16). The word table keeps its gather: its rows rarely
-  collide and a one-hot over the vocabulary would cost real FLOPs.
+  Every row of the batch adds into the same few table rows (2 segment rows,
+  ``seq_len`` position rows), and XLA's GPU scatter-add serialises those
+  colliding adds: on an H100 the two scatters took 75 ms of BERT-base's
+  110 ms step (batch 32 x 512, bf16). The forward pass stays a gather (exact,
+  no FLOPs); the backward pass is ``one_hot(ids)^T @ g``, accumulated in
+  float32 whatever the compute dtype. The word table keeps its scatter: its
+  rows rarely collide and a one-hot over the vocabulary would cost real FLOPs.
   """
-  embedding = table.embedding.astype(dtype)
-  one_hot = jax.nn.one_hot(ids, embedding.shape[0], dtype=dtype)
-  return jnp.einsum("...r,rh->...h", one_hot, embedding,
-                    precision=jax.lax.Precision.HIGHEST)
+  return _rows_with_matmul_grad(table.embedding, ids, jnp.dtype(dtype))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _rows_with_matmul_grad(table: jax.Array, ids: jax.Array, dtype) -> jax.Array:
+  return jnp.take(table, ids, axis=0).astype(dtype)
+
+
+def _rows_fwd(table, ids, dtype):
+  return _rows_with_matmul_grad(table, ids, dtype), (ids, jnp.zeros((0,), table.dtype),
+                                                      table.shape[0])
+
+
+def _rows_bwd(dtype, residuals, g):
+  ids, like, rows = residuals
+  one_hot = jax.nn.one_hot(ids, rows, dtype=g.dtype)
+  d_table = jnp.einsum("...r,...h->rh", one_hot, g,
+                       preferred_element_type=jnp.float32)
+  return d_table.astype(like.dtype), None
+
+
+_rows_with_matmul_grad.defvjp(_rows_fwd, _rows_bwd)
