@@ -124,6 +124,9 @@ def test_cudnn_output_and_gradients_equal_reference_in_bfloat16():
       "dot_product", *a, doc_ids, jnp.bfloat16)).lower(q, k, v).as_text().lower()
   want = _attend("xla", q, k, v, doc_ids, jnp.bfloat16)
   got = _attend("dot_product", q, k, v, doc_ids, jnp.bfloat16)
+  # Padding queries (no key to see) must come out finite: they are the next
+  # layer's padding values, where a NaN would survive its zero weight.
+  assert np.all(np.isfinite(np.asarray(got, np.float32)))
   # Real queries only: what a fully masked (padding) query gets is never read.
   np.testing.assert_allclose(np.asarray(got, np.float32)[real],
                              np.asarray(want, np.float32)[real], atol=2e-2, rtol=2e-2)

@@ -29,7 +29,9 @@ compute their own logits and always run the xla softmax (``softmax_values``).
 Padding follows the reference exactly: a padding key is never attended; a
 padding query, which sees no key, gets the uniform average over all keys
 (finite, never read by real tokens). For splash the padding keys get segment
-id -1 and padding queries 0, so that row is fully masked there too.
+id -1 and padding queries 0, so that row is fully masked there too. cuDNN's
+padding queries get zeros (finite too; whatever the kernel computes for a
+row with no key is not relied on).
 """
 
 from __future__ import annotations
@@ -205,6 +207,13 @@ def _dot_product(q, k, v, mask, dtype):
   mask = jnp.broadcast_to(mask, (q.shape[0], mask.shape[1]) + mask.shape[2:])
   out = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=1.0,
                                      implementation=kernel)
+  if kernel == "cudnn":
+    # A query that may see no key (padding) is never read by real tokens, but
+    # its output becomes a padding key's value in the next layer, where a
+    # NaN would survive its zero weight (0 * NaN). Whatever the kernel gives
+    # such rows, they get zeros here (the reference gives a finite average).
+    sees_a_key = jnp.swapaxes(jnp.any(mask, axis=-1), 1, 2)[..., None]
+    out = jnp.where(sees_a_key, out, jnp.zeros((), out.dtype))
   return out.astype(dtype)
 
 
