@@ -26,24 +26,37 @@ def reduce(sums: Mapping[str, tuple[Any, Any]]) -> dict[str, float]:
           for k, (s, c) in host.items()}
 
 
+# On an object store (gs://) metrics.jsonl and the TensorBoard event files
+# are uploaded whole (objects cannot be appended to), so rows are uploaded at
+# most this often, plus whenever the caller asks (a checkpoint, an evaluation)
+# and at close. Local files get every row at once.
+REMOTE_FLUSH_SECONDS = 60.0
+
+
 class MetricWriter:
   """Writes scalars to ``workdir/metrics.jsonl`` and TensorBoard event files.
 
   Only process 0 writes, so that hosts of a pod do not clobber each other.
+  On gs:// the files are uploaded at most every ``remote_flush_seconds``,
+  with every ``flush=True`` row, with the first row at or past the step given
+  to ``flush_from_step`` and at ``close``.
   """
 
-  def __init__(self, workdir: str, *, filename: str = "metrics.jsonl"):
+  def __init__(self, workdir: str, *, filename: str = "metrics.jsonl",
+               remote_flush_seconds: float = REMOTE_FLUSH_SECONDS):
     self._active = jax.process_index() == 0
     self._jsonl = None
     self._tb = None
     self._tb_remote = None
+    self._flush_from = None
     if self._active:
       paths.makedirs(workdir)
-      self._jsonl = paths.JsonLines(paths.join(workdir, filename))
+      self._jsonl = paths.JsonLines(paths.join(workdir, filename),
+                                    min_interval_s=remote_flush_seconds)
       tb_dir = paths.join(workdir, "tensorboard")
       if paths.is_remote(tb_dir):
-        # Event files are written locally and uploaded whole after each flush
-        # through the path layer (an object cannot be appended to).
+        # Event files are written locally and uploaded whole with the rows
+        # (through the path layer: an object cannot be appended to).
         self._tb_remote, tb_dir = tb_dir, paths.local_mirror(tb_dir)
       try:
         from tensorboardX import SummaryWriter
@@ -51,21 +64,37 @@ class MetricWriter:
       except ImportError:  # TensorBoard files are optional; JSON lines are not.
         self._tb = None
 
+  def flush_from_step(self, step: int) -> None:
+    """Uploads at the first row whose step is ``step`` or later (the train
+    loop calls it at each checkpoint: its row is written a step late, and a
+    run resumed from the checkpoint must find every row up to it)."""
+    self._flush_from = int(step)
+
+  def flush(self) -> None:
+    """Uploads the rows not uploaded yet (object stores; a no-op locally)."""
+    if self._jsonl is not None and self._jsonl.write_pending():
+      self._jsonl.flush()
+      if self._tb is not None and self._tb_remote:
+        self._tb.flush()
+        paths.push(self._tb.logdir, self._tb_remote)
+
   def write(self, step: int, scalars: Mapping[str, float], prefix: str = "",
-            extra: Mapping[str, Any] | None = None) -> None:
+            extra: Mapping[str, Any] | None = None, *, flush: bool = False) -> None:
     """Writes one JSON line (scalars plus ``extra`` values) and the scalars to
-    TensorBoard."""
+    TensorBoard; ``flush`` uploads now on an object store."""
     if not self._active:
       return
+    if self._flush_from is not None and step >= self._flush_from:
+      flush, self._flush_from = True, None
     record = {"step": int(step)}
     record.update({prefix + k: float(v) for k, v in scalars.items()})
     record.update(extra or {})
-    self._jsonl.write(record)
+    uploaded = self._jsonl.write(record, flush=flush)
     if self._tb is not None:
       for k, v in scalars.items():
         self._tb.add_scalar(prefix + k, float(v), int(step))
       self._tb.flush()
-      if self._tb_remote:
+      if self._tb_remote and uploaded:  # the events go up with the rows
         paths.push(self._tb.logdir, self._tb_remote)
 
   def close(self) -> None:

@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import threading
+import time
 from typing import Iterator
 
 from etils import epath
@@ -109,11 +110,21 @@ def write_json(p: str | os.PathLike, obj, *, indent: int | None = None) -> None:
 
 
 class JsonLines:
-  """Appends JSON rows to one file; on an object store, rewrites it whole."""
+  """Appends JSON rows to one file; on an object store, rewrites it whole.
 
-  def __init__(self, p: str | os.PathLike):
+  An object cannot be appended to, so on an object store every upload is the
+  whole file. With ``min_interval_s`` > 0 a row is uploaded at once only when
+  that long has passed since the last upload (the first row always is);
+  ``flush()`` and ``close()`` upload what is pending. Local files get every
+  row at once.
+  """
+
+  def __init__(self, p: str | os.PathLike, *, min_interval_s: float = 0.0):
     self.path = path(p)
     self._remote = is_remote(self.path)
+    self._min_interval_s = float(min_interval_s)
+    self._last_upload = -float("inf")
+    self._dirty = False
     if self._remote:
       self._text = self.path.read_text(encoding="utf-8") if self.path.exists() else ""
       self._file = None
@@ -121,16 +132,32 @@ class JsonLines:
       self.path.parent.mkdir(parents=True, exist_ok=True)
       self._file = open(self.path, "a", encoding="utf-8")
 
-  def write(self, row) -> None:
+  def write(self, row, *, flush: bool = False) -> bool:
+    """Appends ``row``; returns whether the file is now complete where it
+    lives (always, locally)."""
     line = json.dumps(row) + "\n"
-    if self._remote:
-      self._text += line
-      self.path.write_text(self._text, encoding="utf-8")
-    else:
+    if not self._remote:
       self._file.write(line)
       self._file.flush()
+      return True
+    self._text += line
+    self._dirty = True
+    if flush or time.monotonic() - self._last_upload >= self._min_interval_s:
+      self.flush()
+    return not self._dirty
+
+  def write_pending(self) -> bool:
+    """Whether rows are waiting for an upload."""
+    return self._dirty
+
+  def flush(self) -> None:
+    if self._remote and self._dirty:
+      self.path.write_text(self._text, encoding="utf-8")
+      self._last_upload = time.monotonic()
+      self._dirty = False
 
   def close(self) -> None:
+    self.flush()
     if self._file is not None:
       self._file.close()
       self._file = None

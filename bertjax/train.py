@@ -402,6 +402,7 @@ def _train_and_evaluate(config, workdir, stop_at_step, preemption):
     checkpointer.save(step, state, train_iter.get_state(), config,
                       prepared.fingerprint)
     saved_step = step
+    writer.flush_from_step(step)
 
   try:
     with mesh:
@@ -432,7 +433,7 @@ def _train_and_evaluate(config, workdir, stop_at_step, preemption):
             if saved_step != step:
               save(step, state)
           else:
-            writer.write(step, record, prefix="eval_")
+            writer.write(step, record, prefix="eval_", flush=True)
             best.offer(step, record.get("loss", record["mlm_loss"]), state,
                        train_iter.get_state(), config, prepared.fingerprint)
         if stopping:

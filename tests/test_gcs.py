@@ -220,3 +220,34 @@ def test_distributed_beam_runner_refuses_local_text_for_a_gs_data_dir(
                      r"local text files '/corpus/\*.txt'.*gs:// paths"):
     prepare.prepare(config, "gs://no-such-bucket/data", beam_runner="DataflowRunner")
   assert os.listdir(tmp_path) == []
+
+
+def test_gs_metrics_are_uploaded_at_most_every_interval_and_at_checkpoints(gcs):
+  from etils import epath
+  from bertjax import metrics
+
+  workdir = f"gs://{gcs.bucket}/ratelimited"
+  uploaded = lambda: sorted(r["step"] for r in map(
+      json.loads, epath.Path(workdir, "metrics.jsonl").read_text().splitlines()))
+  writer = metrics.MetricWriter(workdir, remote_flush_seconds=3600)
+  writer.write(1, {"loss": 1.0})  # the first row goes up at once
+  writer.write(2, {"loss": 2.0})
+  writer.write(3, {"loss": 3.0})
+  assert uploaded() == [1]  # within the interval: rows 2 and 3 wait
+  writer.flush_from_step(4)  # a checkpoint of step 4; its row comes a step late
+  writer.write(4, {"loss": 4.0})
+  assert uploaded() == [1, 2, 3, 4]
+  writer.write(5, {"loss": 5.0})
+  writer.write(6, {"eval_loss": 6.0}, flush=True)  # evaluations go up at once
+  assert uploaded() == [1, 2, 3, 4, 5, 6]
+  writer.write(7, {"loss": 7.0})
+  assert uploaded() == [1, 2, 3, 4, 5, 6]
+  writer.close()
+  assert uploaded() == [1, 2, 3, 4, 5, 6, 7]
+  assert any(n.startswith("ratelimited/tensorboard/events.out.tfevents")
+             for n in gcs.object_names())
+  # Every row at once with no interval (the default is REMOTE_FLUSH_SECONDS).
+  writer = metrics.MetricWriter(workdir, remote_flush_seconds=0)
+  writer.write(8, {"loss": 8.0})
+  assert uploaded()[-1] == 8
+  writer.close()

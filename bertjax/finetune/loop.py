@@ -395,6 +395,7 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
         if step % cfg.checkpoint_every_steps == 0 or epoch_end or step == last:
           check_previous()  # never checkpoint a step that went bad
           checkpointer.save(step, state, it.get_state(), cfg, fingerprint)
+          writer.flush()  # a run resumed from here finds every row up to it
         if epoch_end:
           record = evaluate(cfg, task, model, state.params, eval_feats, mesh, step,
                             workdir_path, writer)
@@ -452,6 +453,6 @@ def evaluate(cfg, task, model, params, eval_feats, mesh, step: int,
     (workdir / f"eval_{step}.json").write_text(json.dumps(record, indent=1))
     _write_jsonl(workdir / f"predictions_{cfg.eval_split}.jsonl", records)
   if writer is not None:
-    writer.write(step, scores, prefix="eval_")
+    writer.write(step, scores, prefix="eval_", flush=True)
   logging.info("Evaluation at step %d: %s", step, json.dumps(scores))
   return record
