@@ -403,7 +403,7 @@ def benchmark(config, *, steps: int = 15, warmup: int = 2,
       "platform": jax.devices()[0].platform,
       "device_kind": jax.devices()[0].device_kind, "peak_flops_per_s": peak,
       "useful_flops_per_step": useful,
-      "attention_impl": config.get("attention_impl", "xla"),
+      "attention_impl": config.get("attention_impl", "auto"),
   }
   if "torch" in systems:
     record["torch_compile"] = bool(torch_compile)

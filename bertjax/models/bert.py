@@ -294,6 +294,10 @@ def from_config(config: ml_collections.ConfigDict,
       **layers.numerics(config))
 
 
+# Name scope of the small tables' one-hot gradient matmul (_rows_bwd).
+TABLE_GRAD_SCOPE = "embedding_table_grad"
+
+
 def _one_hot_lookup(table: nn.Embed, ids: jax.Array, dtype: Dtype) -> jax.Array:
   """Rows ``ids`` of a small table (positions, segments) in ``dtype``, whose
   gradient is a one-hot matmul instead of a scatter-add.
@@ -315,15 +319,18 @@ def _rows_with_matmul_grad(table: jax.Array, ids: jax.Array, dtype) -> jax.Array
 
 
 def _rows_fwd(table, ids, dtype):
-  return _rows_with_matmul_grad(table, ids, dtype), (ids, jnp.zeros((0,), table.dtype),
-                                                      table.shape[0])
+  # An empty [rows, 0] array carries the table's row count and dtype.
+  like = jnp.zeros((table.shape[0], 0), table.dtype)
+  return _rows_with_matmul_grad(table, ids, dtype), (ids, like)
 
 
 def _rows_bwd(dtype, residuals, g):
-  ids, like, rows = residuals
-  one_hot = jax.nn.one_hot(ids, rows, dtype=g.dtype)
-  d_table = jnp.einsum("...r,...h->rh", one_hot, g,
-                       preferred_element_type=jnp.float32)
+  ids, like = residuals
+  # Named: a lookup's gradient, not model FLOPs (bertjax/flops.py leaves it out).
+  with jax.named_scope(TABLE_GRAD_SCOPE):
+    one_hot = jax.nn.one_hot(ids, like.shape[0], dtype=g.dtype)
+    d_table = jnp.einsum("...r,...h->rh", one_hot, g,
+                         preferred_element_type=jnp.float32)
   return d_table.astype(like.dtype), None
 
 
