@@ -20,7 +20,8 @@ A variant is a ``+``-joined set of features (``qkv_fused+heads_major``):
   guard_cond   the non-finite guard as ``lax.cond`` around the optimizer
                update instead of selects over params and optimizer state.
   guard_where  the guard as selects (``jnp.where``) over the updated params
-               and optimizer state.
+               and optimizer state: the tree's own ``guards.update_if_finite``,
+               named so that a run can list it beside guard_cond.
   flat2d       the projections as 2-D matmuls on the kernels seen as
                [embed, heads*kv] and [heads*kv, embed] (bitcasts of the stored
                3-D kernels), as HF's Dense layers do.
@@ -92,17 +93,6 @@ def _guard_cond(finite, tx, grads, params, opt_state):
   with jax.named_scope("nonfinite_guard"):
     return jax.lax.cond(finite, update, lambda ops: (ops[1], ops[2]),
                         (grads, params, opt_state))
-
-
-def _guard_where(finite, tx, grads, params, opt_state):
-  """``guards.update_if_finite`` as selects over the updated trees."""
-  import optax
-  with jax.named_scope("optimizer"):
-    updates, new_opt_state = tx.update(grads, opt_state, params)
-    new_params = optax.apply_updates(params, updates)
-  with jax.named_scope("nonfinite_guard"):
-    return jax.tree.map(lambda new, old: jnp.where(finite, new, old),
-                        (new_params, new_opt_state), (params, opt_state))
 
 
 class _Weights(nn.Module):
@@ -211,8 +201,8 @@ def _patched(variant: str):
   try:
     if "guard_cond" in features:
       guards.update_if_finite = _guard_cond
-    if "guard_where" in features:
-      guards.update_if_finite = _guard_where
+    if "guard_where" in features:  # the selects: the tree's own guard
+      guards.update_if_finite = saved[0]
     attention = features & set(_ATTENTION_FEATURES)
     if attention:
       cls = type("Attention_" + "_".join(sorted(attention)),

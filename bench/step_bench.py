@@ -377,7 +377,7 @@ def benchmark(config, *, steps: int = 15, warmup: int = 2,
       systems["hf_flax"] = hf_flax_step(config)
     systems["torch"] = torch_step(config, compile_model=torch_compile)
   logging.info("compiled: %s", {k: round(v[1], 2) for k, v in systems.items()})
-  for name, (run, compile_s) in list(systems.items()):
+  for name, (run, _) in list(systems.items()):
     start = time.perf_counter()
     for _ in range(warmup):
       run()

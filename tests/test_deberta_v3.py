@@ -18,7 +18,7 @@ from bertjax import train
 from bertjax.convert import core
 from bertjax.convert import workdir as convert_workdir
 from bertjax.data import pipeline
-from bertjax.objectives import base
+
 import variant_steps
 
 v3_config = config_files.shipped("deberta_v3")  # configs/deberta_v3.py
@@ -116,20 +116,8 @@ def test_gdes_splits_the_gradients(trained, demo_data):
   batch = {k: jnp.asarray(v) for k, v in next(it).items()}
   inputs, targets = objective.corrupt(jax.random.key(0), batch, jnp.int32(0))
 
-  def terms(p):
-    out = base.forward(objective, base.bind(model, p, deterministic=True),
-                       inputs, targets)
-    metrics = objective.loss(out, targets)[1]
-    return tuple(metrics[k][0] / metrics[k][1] for k in ("disc_loss", "mlm_loss"))
-
-  @jax.jit
-  def gradients(p):
-    # One forward pass, two backward passes: each loss term's own gradient.
-    _, pullback = jax.vjp(terms, p)
-    one, zero = jnp.float32(1), jnp.float32(0)
-    return pullback((one, zero))[0], pullback((zero, one))[0]
-
-  disc, gen = gradients(params)
+  disc, gen = variant_steps.loss_term_gradients(model, objective, params,
+                                                  inputs, targets)
   table = lambda g: float(jnp.abs(g["embeddings"]["word_embeddings"]["embedding"]).max())
   delta = lambda g: float(jnp.abs(g["discriminator_word_delta"]).max())
   # The discriminator trains its delta, never the shared table; the

@@ -22,7 +22,6 @@ from bertjax import state as state_lib
 from bertjax import train
 from bertjax.data import pipeline
 from bertjax.models import electra as electra_model
-from bertjax.objectives import base
 from bertjax.objectives import electra
 import variant_steps
 
@@ -146,20 +145,8 @@ def test_discriminator_loss_sends_no_gradient_into_the_generator(
   batch = {k: jnp.asarray(v) for k, v in next(it).items()}
   inputs, targets = objective.corrupt(jax.random.key(0), batch, jnp.int32(0))
 
-  def terms(p):
-    apply = base.bind(model, p, deterministic=True)
-    out = base.forward(objective, apply, inputs, targets)
-    metrics = objective.loss(out, targets)[1]
-    return tuple(metrics[k][0] / metrics[k][1] for k in ("disc_loss", "mlm_loss"))
-
-  @jax.jit
-  def gradients(p):
-    # One forward pass, two backward passes: each loss term's own gradient.
-    _, pullback = jax.vjp(terms, p)
-    one, zero = jnp.float32(1), jnp.float32(0)
-    return pullback((one, zero))[0], pullback((zero, one))[0]
-
-  disc, gen = gradients(params)
+  disc, gen = variant_steps.loss_term_gradients(model, objective, params,
+                                                  inputs, targets)
 
   def norms(grads, part):
     return [float(jnp.abs(g).max()) for g in jax.tree.leaves(grads[part])]

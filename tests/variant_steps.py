@@ -55,3 +55,26 @@ def one_train_step(config, source):
                                     local_batch_size=config.batch_size)
   with mesh:
     return step(state, train.to_global(next(it), mesh), jax.random.key(0))
+
+
+def loss_term_gradients(model, objective, params, inputs, targets,
+                        terms=("disc_loss", "mlm_loss")):
+  """Each named loss term's own gradient w.r.t. ``params`` (deterministic
+  forward, one pass, one backward pass per term): a tuple in ``terms`` order."""
+  import jax.numpy as jnp
+  from bertjax.objectives import base
+
+  def losses(p):
+    out = base.forward(objective, base.bind(model, p, deterministic=True),
+                       inputs, targets)
+    metrics = objective.loss(out, targets)[1]
+    return tuple(metrics[k][0] / metrics[k][1] for k in terms)
+
+  @jax.jit
+  def gradients(p):
+    _, pullback = jax.vjp(losses, p)
+    basis = [tuple(jnp.float32(i == j) for j in range(len(terms)))
+             for i in range(len(terms))]
+    return tuple(pullback(b)[0] for b in basis)
+
+  return gradients(params)
