@@ -62,12 +62,12 @@ not timed.
 
 from __future__ import annotations
 
-# Huge pages for XLA:CPU's per-step buffers, as the training binaries have
-# them (bertjax/host_memory.py; BERTJAX_HUGE_PAGES=0 to time without):
+# Malloc tunables that reuse XLA:CPU's per-step buffers, as the binaries have
+# them (bertjax/host_memory.py; BERTJAX_MALLOC_TUNABLES=0 to time without):
 # restarts the process once, before anything below runs.
 if __name__ == "__main__":
   from bertjax import host_memory
-  host_memory.reexec_with_huge_pages()
+  host_memory.reexec_with_malloc_tunables()
 
 import json
 import statistics

@@ -14,11 +14,11 @@ prints, for each [MASK], the checkpoint's top-k fillings with their
 probabilities (one JSON line); --config is not needed for it.
 """
 
-# Restart with huge pages for XLA:CPU's per-step buffers before the heavy
+# Restart with malloc tunables that reuse XLA:CPU's per-step buffers before the heavy
 # imports (bertjax/host_memory.py); only when run as the program.
 if __name__ == "__main__":
   from bertjax import host_memory
-  host_memory.reexec_with_huge_pages()
+  host_memory.reexec_with_malloc_tunables()
 
 import json
 

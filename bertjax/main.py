@@ -16,10 +16,10 @@ from bertjax import guards
 # the program: prepare's worker processes (multiprocessing 'spawn') import this
 # module again as __mp_main__, and must die of the SIGTERM their pool sends.
 if __name__ == "__main__":
-  # First of all: restart with huge pages for XLA:CPU's per-step buffers
+  # First of all: restart with malloc tunables that reuse XLA:CPU's per-step buffers
   # (bertjax/host_memory.py); nothing has been done yet to be redone.
   from bertjax import host_memory
-  host_memory.reexec_with_huge_pages()
+  host_memory.reexec_with_malloc_tunables()
   guards.catch_sigterm()
 
 from absl import app  # noqa: E402

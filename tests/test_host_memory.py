@@ -1,5 +1,6 @@
-"""Huge pages for XLA:CPU's buffers: when the restart happens, that it keeps
-the command, and that it takes the page faults away (bertjax/host_memory.py)."""
+"""Malloc tunables for XLA:CPU's buffers: when the restart happens, that it
+keeps the command, and that it takes the page faults away
+(bertjax/host_memory.py)."""
 
 import json
 import os
@@ -12,43 +13,58 @@ import pytest
 from bertjax import host_memory
 
 HERE = {"platform": "linux", "glibc": (2, 36), "thp": "madvise"}
+REUSE = ("glibc.malloc.mmap_max=0:glibc.malloc.arena_max=1:"
+         "glibc.malloc.trim_threshold=1000000000000")
+ALL = REUSE + ":glibc.malloc.hugetlb=1"
 
 
 @pytest.mark.parametrize("environ,where,expected", [
-    ({}, {}, "glibc.malloc.hugetlb=1"),
+    ({}, {}, ALL),
     # Other tunables are kept, ours appended.
-    ({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, {},
-     "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"),
-    # Already set, whatever the value: no restart (and no loop of restarts).
-    ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, {}, None),
-    ({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"}, {}, None),
-    ({"BERTJAX_HUGE_PAGES": "0"}, {}, None),
-    ({"BERTJAX_HUGE_PAGES": "off"}, {}, None),
-    ({"BERTJAX_HUGE_PAGES": "1"}, {}, "glibc.malloc.hugetlb=1"),
-    ({}, {"thp": "always"}, None),
-    ({}, {"thp": "never"}, None),
-    ({}, {"thp": None}, None),
-    ({}, {"glibc": (2, 34)}, None),
+    ({"GLIBC_TUNABLES": "glibc.rtld.optional_static_tls=512"}, {},
+     "glibc.rtld.optional_static_tls=512:" + ALL),
+    # A value the user set is kept; only the missing ones are added.
+    ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, {},
+     "glibc.malloc.hugetlb=0:" + REUSE),
+    ({"GLIBC_TUNABLES": "glibc.malloc.arena_max=4"}, {},
+     "glibc.malloc.arena_max=4:glibc.malloc.mmap_max=0:"
+     "glibc.malloc.trim_threshold=1000000000000:glibc.malloc.hugetlb=1"),
+    # All set (also what a restarted process sees): no second restart.
+    ({"GLIBC_TUNABLES": ALL}, {}, None),
+    ({"BERTJAX_MALLOC_TUNABLES": "0"}, {}, None),
+    ({"BERTJAX_MALLOC_TUNABLES": "off"}, {}, None),
+    ({"BERTJAX_MALLOC_TUNABLES": "1"}, {}, ALL),
+    # Huge pages only asked for in madvise mode, and from glibc 2.35.
+    ({}, {"thp": "always"}, REUSE),
+    ({}, {"thp": "never"}, REUSE),
+    ({}, {"thp": None}, REUSE),
+    ({}, {"glibc": (2, 34)}, REUSE),
+    ({}, {"glibc": (2, 25)}, None),
     ({}, {"glibc": None}, None),
     ({}, {"platform": "darwin"}, None),
 ])
-def test_restart_only_where_the_tunable_helps(environ, where, expected):
-  assert host_memory.tunables_with_huge_pages(
+def test_restart_only_where_the_tunables_help(environ, where, expected):
+  assert host_memory.malloc_tunables(
       environ, **{**HERE, **where}) == expected
 
 
 def _would_restart_here() -> bool:
   env = {k: v for k, v in os.environ.items()
          if k not in (host_memory.TUNABLES, host_memory.OPT_OUT)}
-  return host_memory.tunables_with_huge_pages(
+  return host_memory.malloc_tunables(
       env, platform=sys.platform, glibc=host_memory.glibc_version(),
       thp=host_memory.thp_mode()) is not None
 
 
 needs_restart = pytest.mark.skipif(
     not _would_restart_here(),
-    reason="no restart on this machine (not Linux with glibc >= 2.35 and "
-    "transparent huge pages in madvise mode)")
+    reason="no restart on this machine (not Linux with glibc >= 2.26)")
+
+
+def _malloc_tunables_here() -> str:
+  return host_memory.malloc_tunables(
+      _child_env(), platform=sys.platform, glibc=host_memory.glibc_version(),
+      thp=host_memory.thp_mode())
 
 
 def _child_env(**extra):
@@ -65,7 +81,7 @@ def test_restart_keeps_process_arguments_and_environment(tmp_path):
       import json, os, sys
       print("started", flush=True)
       from bertjax import host_memory
-      host_memory.reexec_with_huge_pages()
+      host_memory.reexec_with_malloc_tunables()
       print(json.dumps({"pid": os.getpid(), "argv": sys.argv[1:],
                         "tunables": os.environ.get("GLIBC_TUNABLES"),
                         "mine": os.environ.get("PROBE_VAR")}))
@@ -81,13 +97,13 @@ def test_restart_keeps_process_arguments_and_environment(tmp_path):
   assert lines[:2] == ["started", "started"]
   record = json.loads(lines[2])
   assert record == {"pid": proc.pid, "argv": ["a b", "--flag=1"],
-                    "tunables": "glibc.malloc.hugetlb=1", "mine": "kept"}
+                    "tunables": _malloc_tunables_here(), "mine": "kept"}
 
 
 _FAULTS = textwrap.dedent("""
     import json, resource
     from bertjax import host_memory
-    host_memory.reexec_with_huge_pages()
+    host_memory.reexec_with_malloc_tunables()
     import jax, jax.numpy as jnp
     f = jax.jit(lambda x: jnp.sin(x) * 2.0)   # a fresh 64 MiB output per call
     x = jnp.ones((4096, 4096), jnp.float32)
@@ -110,12 +126,12 @@ def _faults_per_call(tmp_path, **env) -> float:
 
 
 @needs_restart
-def test_huge_pages_take_away_the_page_faults_of_xla_buffers(tmp_path):
-  # 64 MiB of fresh output per call is 16,384 faults of 4 KiB pages and 32 of
-  # 2 MiB pages. Bounds with wide margins: at least half of the small-page
-  # count without, and under a tenth of it with the tunable.
+def test_tunables_take_away_the_page_faults_of_xla_buffers(tmp_path):
+  # 64 MiB of fresh output per call is 16,384 faults of 4 KiB pages. Bounds
+  # with wide margins: at least half of that without the tunables, and under
+  # a twentieth with them (the freed buffer's pages are reused: ~0).
   small_pages = 64 * 2**20 / 4096
-  without = _faults_per_call(tmp_path, BERTJAX_HUGE_PAGES="0")
-  with_huge = _faults_per_call(tmp_path)
+  without = _faults_per_call(tmp_path, BERTJAX_MALLOC_TUNABLES="0")
+  tuned = _faults_per_call(tmp_path)
   assert without > 0.5 * small_pages, without
-  assert with_huge < 0.1 * small_pages, (with_huge, without)
+  assert tuned < 0.05 * small_pages, (tuned, without)

@@ -8,11 +8,11 @@ directory; the tokenizer comes with it. Prints progress lines and, last, the
 final evaluation as one JSON line; run again to resume.
 """
 
-# Restart with huge pages for XLA:CPU's per-step buffers before the heavy
+# Restart with malloc tunables that reuse XLA:CPU's per-step buffers before the heavy
 # imports (bertjax/host_memory.py); only when run as the program.
 if __name__ == "__main__":
   from bertjax import host_memory
-  host_memory.reexec_with_huge_pages()
+  host_memory.reexec_with_malloc_tunables()
 
 from absl import app
 from absl import flags
