@@ -51,7 +51,7 @@ TUNABLES = "GLIBC_TUNABLES"
 HUGETLB = "glibc.malloc.hugetlb"
 OPT_OUT = "BERTJAX_MALLOC_TUNABLES"
 _THP_MODE_FILE = "/sys/kernel/mm/transparent_hugepage/enabled"
-_MIN_GLIBC = (2, 35)
+_MIN_GLIBC_HUGETLB = (2, 35)
 
 
 def glibc_version() -> tuple[int, int] | None:
@@ -82,8 +82,8 @@ _MIN_GLIBC_REUSE = (2, 26)
 
 
 def malloc_tunables(environ: Mapping[str, str], *, platform: str,
-                             glibc: tuple[int, int] | None,
-                             thp: str | None) -> str | None:
+                    glibc: tuple[int, int] | None,
+                    thp: str | None) -> str | None:
   """The ``GLIBC_TUNABLES`` value to restart with, or None to stay as is.
 
   Tunables already in ``environ`` keep their values; the missing ones of
@@ -100,7 +100,7 @@ def malloc_tunables(environ: Mapping[str, str], *, platform: str,
   if environ.get(OPT_OUT, "1").strip().lower() in ("0", "false", "no", "off"):
     return None
   wanted = dict(REUSE)
-  if glibc >= _MIN_GLIBC and thp == "madvise":
+  if glibc >= _MIN_GLIBC_HUGETLB and thp == "madvise":
     wanted[HUGETLB] = "1"
   current = environ.get(TUNABLES, "")
   present = {item.split("=")[0] for item in current.split(":") if item}
