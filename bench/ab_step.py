@@ -38,6 +38,9 @@ A variant is a ``+``-joined set of features (``qkv_fused+heads_major``):
                (implementation 'xla') on [batch, length, heads, kv].
   embed_gather the position and segment tables read by gather (their
                gradient a scatter-add), as before the one-hot lookup.
+  full_last_layer  the last encoder layer at every row
+               (``--config.sparse_last_layer=False``), as before the sparse
+               last layer; its first update matches to float rounding only.
 """
 
 from __future__ import annotations
@@ -84,7 +87,7 @@ _WARMUP = flags.DEFINE_integer("ab_warmup", 2, "Untimed steps per variant.")
 
 _ATTENTION_FEATURES = ("flat2d", "qkv_fused", "heads_major", "mask_bias", "dpa")
 _FEATURES = ("baseline", "guard_cond", "guard_where",
-             "embed_gather") + _ATTENTION_FEATURES
+             "embed_gather", "full_last_layer") + _ATTENTION_FEATURES
 
 
 def _guard_cond(finite, tx, grads, params, opt_state):
@@ -124,11 +127,18 @@ class _VariantAttention(layers.MultiHeadAttention):
   features = frozenset()
 
   @nn.compact
-  def __call__(self, x, mask, deterministic):
+  def __call__(self, x, mask, deterministic, doc_ids=None, query=None):
+    del doc_ids  # the boolean mask says the same
     f, dt = self.features, self.dtype
     e = x.shape[-1]
     h = self.num_heads
     d = e // h
+    if query is not None and "qkv_fused" in f:
+      raise ValueError("qkv_fused projects one set of rows; time it with "
+                       "--config.sparse_last_layer=False.")
+    # Queries from the sparse last layer's rows, keys and values from all.
+    sources = (x.astype(dt) if query is None else query.astype(dt),
+               x.astype(dt), x.astype(dt))
     qkv = [_Weights((e, h, d), ("embed", "heads", "kv"), (h, d),
                     ("heads", "kv"), name=n)() for n in ("query", "key", "value")]
     wo, bo = _Weights((h, d, e), ("heads", "kv", "embed"), (e,), ("embed",),
@@ -144,8 +154,8 @@ class _VariantAttention(layers.MultiHeadAttention):
         q, k, v = (t.reshape(x.shape[:2] + (h, d))
                    for t in jnp.split(y, 3, axis=-1))
       else:
-        q, k, v = ((x @ w + b).reshape(x.shape[:2] + (h, d))
-                   for w, b in zip(w2, b2))
+        q, k, v = ((src @ w + b).reshape(src.shape[:2] + (h, d))
+                   for src, w, b in zip(sources, w2, b2))
     elif "qkv_fused" in f:
       w = jnp.stack([k for k, _ in qkv]).astype(dt)  # [3, e, h, d]
       b = jnp.stack([b for _, b in qkv]).astype(dt)  # [3, h, d]
@@ -155,11 +165,11 @@ class _VariantAttention(layers.MultiHeadAttention):
         y = jnp.einsum("ble,tehd->tblhd", x, w) + b[:, None, None]
       q, k, v = y[0], y[1], y[2]
     elif heads_major:
-      q, k, v = (jnp.einsum("ble,ehd->bhld", x, w.astype(dt))
-                 + b.astype(dt)[:, None, :] for w, b in qkv)
+      q, k, v = (jnp.einsum("ble,ehd->bhld", src, w.astype(dt))
+                 + b.astype(dt)[:, None, :] for src, (w, b) in zip(sources, qkv))
     else:
-      q, k, v = (jnp.einsum("ble,ehd->blhd", x, w.astype(dt)) + b.astype(dt)
-                 for w, b in qkv)
+      q, k, v = (jnp.einsum("ble,ehd->blhd", src, w.astype(dt)) + b.astype(dt)
+                 for src, (w, b) in zip(sources, qkv))
     if "dpa" in f:
       if "mask_bias" in f:
         out = jax.nn.dot_product_attention(q, k, v, bias=mask,
@@ -181,7 +191,7 @@ class _VariantAttention(layers.MultiHeadAttention):
       return jnp.einsum("bhqd,hde->bqe", out, wo.astype(dt)) + bo.astype(dt)
     out = jnp.einsum("bhqk,bkhd->bqhd", probs, v)
     if "flat2d" in f:
-      return (out.reshape(x.shape[:2] + (h * d,)) @ wo.reshape(h * d, e).astype(dt)
+      return (out.reshape(out.shape[:2] + (h * d,)) @ wo.reshape(h * d, e).astype(dt)
               + bo.astype(dt))
     return jnp.einsum("bqhd,hde->bqe", out, wo.astype(dt)) + bo.astype(dt)
 
@@ -229,6 +239,9 @@ def _patched(variant: str):
 def _build(config, variant: str):
   """(run one step, first step's (loss, params)) of ``variant``."""
   mesh = sharding.make_mesh(config.mesh_shape)
+  if "full_last_layer" in variant.split("+"):
+    config = config.copy_and_resolve_references()
+    config.sparse_last_layer = False
   with _patched(variant):
     model = models.get_model(config)
     objective = objectives.get_objective(config)

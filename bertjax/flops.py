@@ -14,6 +14,13 @@ embedding width E (``6 * E * H * T``), the generator's MLM head at the
 predicted slots (``6 * (H_g * E + E * V) * P``) and the discriminator's
 per-token head (``6 * (H*H + H) * T``), and no pooler.
 
+With ``config.sparse_last_layer`` (BERT's encoder, unscanned) the last layer
+computes its queries, output projection, feed-forward and attention only at
+the R = B * (max_predictions_per_seq + 1 if there is a sentence head else
++ 0) rows the heads read, so the T - R other rows are not counted:
+
+             - (6 * (2*H*H + 2*H*F) + 12 * H * S) * (T - R)
+
 with T = B * S tokens per step (global batch B, sequence length S), L layers,
 hidden size H, feed-forward size F, vocabulary V, and P = B *
 max_predictions_per_seq prediction slots (the model computes logits only
@@ -117,6 +124,11 @@ def step_flops(config) -> float:
   if config.get("model") == "xlnet":
     return _xlnet_flops(config, size, s, tokens, predictions)
   total = _encoder_flops(size, s, tokens)
+  if (config.get("model", "bert") == "bert" and config.get("sparse_last_layer", False)
+      and not config.get("scan_layers", False)):
+    rows = predictions + b * int(bool(config.get("sentence_head", True)))
+    f = size.mlp_dim
+    total -= (6.0 * (2 * h * h + 2 * h * f) + 12.0 * h * s) * (tokens - rows)
   if config.get("model") == "deberta":
     # The enhanced mask decoder re-runs the last layer emd_layers times, and
     # every layer pass adds the disentangled position terms.

@@ -90,6 +90,10 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   # Attention kernel (bertjax/models/attention.py): 'auto' (per platform),
   # 'xla', 'dot_product' (cuDNN on GPU), 'splash' (Pallas, TPU).
   c.attention_impl = "auto"
+  # The last layer computes only the rows the losses read ([CLS] and the
+  # masked positions; keys and values from every row): same logits, fewer
+  # FLOPs (bertjax/models/bert.py). Ignored with scan_layers.
+  c.sparse_last_layer = True
 
   # --- optimisation (BERT paper defaults) ------------------------------------
   c.batch_size = 32 if size == "tiny" else 256  # global batch

@@ -327,6 +327,7 @@ def test_step_flops_count_the_disentangled_terms_and_emd():
   config.seq_len, config.batch_size = 32, 4
   bert_like = config.copy_and_resolve_references()
   bert_like.model = "bert"
+  bert_like.sparse_last_layer = False  # DeBERTa's every pass has every row
   H, L, S, T = 128, 2, 32, 4 * 32
   # Distances up to 31 with 32 buckets (mid 16) and max 512 reach rows
   # span - bucket(31) .. span + bucket(31) of the table.

@@ -1,4 +1,5 @@
-"""Useful-FLOP counts of XLNet and UniLM (bertjax/flops.py), checked two ways:
+"""Useful-FLOP counts of XLNet, UniLM and BERT/RoBERTa with the sparse last
+layer (bertjax/flops.py), checked two ways:
 against arithmetic done by hand from the architecture, and against the matrix
 multiplications of the real train step's program (its jaxpr, dead code
 removed as XLA removes it)."""
@@ -81,7 +82,7 @@ def _matmul_flops(jaxpr, lookups: list | None = None) -> int:
   return total
 
 
-@pytest.mark.parametrize("name", ["xlnet", "unilm"])
+@pytest.mark.parametrize("name", ["xlnet", "unilm", "bert", "roberta"])
 def test_step_flops_are_the_matmuls_of_the_train_step(name):
   # Everything step_flops counts is a matmul of the step, and every matmul
   # of the step (forward, backward, both XLNet streams, position and segment
@@ -103,7 +104,7 @@ def test_step_flops_are_the_matmuls_of_the_train_step(name):
   # UniLM (BERT's embeddings) has the position and segment tables' one-hot
   # gradients: 2 x tokens x rows x width each; XLNet has neither table.
   tokens, width = c.batch_size * c.seq_len, c.hidden_size
-  if name == "unilm":
+  if name != "xlnet":
     rows = (c.max_position_embeddings, c.type_vocab_size)
     assert sorted(lookups) == sorted(2 * tokens * r * width for r in rows)
   else:
@@ -140,16 +141,24 @@ def test_xlnet_step_flops_by_hand():
 def test_unilm_step_flops_are_bert_base_with_its_heads():
   # UniLM-base: BERT-base's encoder (the masks cost no FLOPs), the MLM head
   # (transform + decoder) at 76 slots per row and the pooler + NSP head,
-  # at the paper's recipe: batch 320 x 512, cased vocabulary 28,996.
+  # at the paper's recipe: batch 320 x 512, cased vocabulary 28,996. With the
+  # sparse last layer (the default), that layer's queries, output projection,
+  # feed-forward and attention run at the P slots and the B [CLS] rows only;
+  # its keys and values at every token.
   c = config_files.shipped("unilm").get_config("base")
   assert sizes.resolve(c) == sizes.Size(12, 768, 12, 3072)
   L, H, F, V, B, S = 12, 768, 3072, 28_996, 320, 512
   P = B * c.max_predictions_per_seq
   T = B * S
   per_token_layer = 2 * (4 * H * H + 2 * H * F) + 2 * 2 * S * H
-  want = (3 * L * per_token_layer * T + 3 * 2 * (H * H + H * V) * P
-          + 3 * 2 * (H * H + H * 2) * B)
-  assert flops.step_flops(c) == want
+  heads = 3 * 2 * (H * H + H * V) * P + 3 * 2 * (H * H + H * 2) * B
+  c.sparse_last_layer = False
+  assert flops.step_flops(c) == 3 * L * per_token_layer * T + heads
+  c.sparse_last_layer = True
+  per_row_rest = 2 * (2 * H * H + 2 * H * F) + 2 * 2 * S * H  # Q, out, FFN, attention
+  assert flops.step_flops(c) == (3 * (L - 1) * per_token_layer * T
+                                 + 3 * 2 * (2 * H * H) * T  # last layer's K, V
+                                 + 3 * per_row_rest * (P + B) + heads)
 
 
 def test_xlnet_base_has_the_released_sizes():

@@ -84,6 +84,9 @@ def _inputs():
 @pytest.fixture(scope="module")
 def setup():
   config = bert_config.get_config("tiny")
+  # Every row of the last layer, so that ``hidden`` is returned (the sparse
+  # last layer has its own tests: test_sparse_last_layer.py).
+  config.sparse_last_layer = False
   model = models.get_model(config)
   variables = jax.jit(model.init)(jax.random.key(0), _inputs())
 

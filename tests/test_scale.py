@@ -169,7 +169,14 @@ def test_step_flops_by_hand(demo_config):
   tokens = 32 * 128
   want = (6 * n * tokens + 12 * 2 * 128 * 128 * tokens
           + 6 * (128 * 128 + 128 * 8000) * 32 * 20 + 6 * (128 * 128 + 256) * 32)
-  assert flops.step_flops(config) == want
+  # The sparse last layer (default) runs its queries, output projection,
+  # feed-forward and attention at 32 x (20 slots + [CLS]) rows, not 4096.
+  skipped = (6 * (2 * 128 * 128 + 2 * 128 * 512) + 12 * 128 * 128) * (tokens - 32 * 21)
+  assert config.sparse_last_layer
+  assert flops.step_flops(config) == want - skipped
+  full = config.copy_and_resolve_references()
+  full.sparse_last_layer = False
+  assert flops.step_flops(full) == want
 
 
 def test_peaks():

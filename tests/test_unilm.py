@@ -244,6 +244,7 @@ def test_a_left_to_right_row_reads_nothing_to_its_right():
   token changes no earlier position's output; bidirectionally it does."""
   config = unilm_config.get_config("tiny")
   config.seq_len, config.max_predictions_per_seq = 16, 16
+  config.sparse_last_layer = False  # every row's hidden state is read
   model = models.get_model(config)
   inputs = state_lib.dummy_inputs(config, 2)
   inputs["tokens"] = jnp.asarray(

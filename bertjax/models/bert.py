@@ -15,6 +15,14 @@ With ``sentence_head=False`` (RoBERTa: MLM only) the pooler and NSP head are
 not built, so no parameter goes untrained, and only mlm_logits and hidden
 are returned.
 
+With ``sparse_last_layer`` (pretraining; ``config.sparse_last_layer``) the
+last encoder layer computes only the rows the heads read, [CLS] and the
+masked positions: its keys and values still come from every row, but its
+queries, output projection and feed-forward run at about 1 + 15% of the
+rows. The logits are those of the full model (to float rounding), and
+``hidden`` is not returned. Fine-tuning, ``bertjax.api`` and the converters
+build the model without it.
+
 The MLM decoder is tied to the word embeddings: logits = transform(h) @ E.T + b.
 """
 
@@ -167,6 +175,8 @@ class BertForPretraining(nn.Module):
       ``layers.ACTIVATIONS`` (``config.hidden_act``; BERT: exact 'gelu').
     attention_impl: the attention kernel (``config.attention_impl``), a name
       of ``attention.IMPLS``; 'auto' picks per platform.
+    sparse_last_layer: the last layer computes only [CLS] and the masked
+      positions (module docstring); ignored with ``scan_layers``.
   """
   vocab_size: int
   max_position_embeddings: int
@@ -184,6 +194,7 @@ class BertForPretraining(nn.Module):
   layer_norm_eps: float = layers.LAYER_NORM_EPS
   activation: str = "gelu"
   attention_impl: str = "auto"
+  sparse_last_layer: bool = False
 
   def setup(self):
     self.embeddings = BertEmbeddings(
@@ -231,14 +242,35 @@ class BertForPretraining(nn.Module):
     # (splash) take instead of the [length, length] mask.
     context = (None if inputs.get("attention_mask") is not None
                else {"doc_ids": inputs["doc_ids"]})
+    masked_positions = inputs["masked_positions"]
+    if self.sparse_last_layer and not self.scan_layers:
+      return self._heads_at_rows(x, mask, deterministic, context, masked_positions)
     hidden = self.encoder(x, mask, deterministic, context)
-    outputs = dict(
-        mlm_logits=self.mlm_logits(hidden, inputs["masked_positions"]),
-        hidden=hidden)
+    outputs = dict(mlm_logits=self.mlm_logits(hidden, masked_positions),
+                   hidden=hidden)
     if self.sentence_head:
-      outputs["pooled"] = jnp.tanh(self.pooler(hidden[:, 0]))
-      outputs["nsp_logits"] = self.nsp(outputs["pooled"])
+      outputs.update(self._sentence_logits(hidden[:, 0]))
     return outputs
+
+  def _heads_at_rows(self, x, mask, deterministic, context,
+                     masked_positions) -> dict[str, jax.Array]:
+    """The heads' outputs with the last layer at [CLS] (row 0, when there is
+    a sentence head) and the masked positions only (``sparse_last_layer``)."""
+    first = int(self.sentence_head)
+    rows = masked_positions
+    if first:
+      rows = jnp.concatenate([jnp.zeros_like(rows[:, :1]), rows], axis=1)
+    hidden = self.encoder(x, mask, deterministic, context, query_rows=rows)
+    outputs = dict(mlm_logits=self.mlm_head(hidden[:, first:],
+                                            self.embeddings.attend))
+    if first:
+      outputs.update(self._sentence_logits(hidden[:, 0]))
+    return outputs
+
+  def _sentence_logits(self, first_token: jax.Array) -> dict[str, jax.Array]:
+    """``pooled`` and ``nsp_logits`` from the [CLS] row [batch, embed]."""
+    pooled = jnp.tanh(self.pooler(first_token))
+    return dict(pooled=pooled, nsp_logits=self.nsp(pooled))
 
   def mlm_logits(self, hidden: jax.Array,
                  masked_positions: jax.Array) -> jax.Array:
@@ -291,6 +323,7 @@ def from_config(config: ml_collections.ConfigDict,
       scan_layers=bool(config.get("scan_layers", False)),
       remat=str(config.get("remat", "none")),
       attention_impl=str(config.get("attention_impl", "auto")),
+      sparse_last_layer=bool(config.get("sparse_last_layer", False)),
       **layers.numerics(config))
 
 

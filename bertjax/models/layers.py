@@ -182,19 +182,24 @@ class MultiHeadAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, mask: jax.Array, deterministic: bool,
-               doc_ids: jax.Array | None = None) -> jax.Array:
+               doc_ids: jax.Array | None = None,
+               query: jax.Array | None = None) -> jax.Array:
     """Attends over ``x``.
 
     Args:
       x: [batch, length, embed] hidden states.
-      mask: bool [batch, 1 or heads, length, length]; True where query may
+      mask: bool [batch, 1 or heads, queries, length]; True where query may
         attend to key.
       deterministic: disables dropout.
       doc_ids: None, or int32 [batch, length] when ``mask`` is exactly
         ``doc_attention_mask(doc_ids)``: the segment ids splash needs.
+      query: None, or [batch, queries, embed]: the queries come from these
+        rows and ``x`` gives only keys and values (``Encoder``'s
+        ``query_rows``); ``doc_ids`` must then be None.
 
     Returns:
-      [batch, length, embed] in ``dtype``.
+      [batch, queries, embed] in ``dtype`` (queries = length without
+      ``query``).
     """
     hidden = x.shape[-1]
     if hidden % self.num_heads:
@@ -202,11 +207,15 @@ class MultiHeadAttention(nn.Module):
           f"Hidden size {hidden} is not divisible by num_heads "
           f"{self.num_heads}; pick a size row whose hidden_size is a multiple.")
     head_dim = hidden // self.num_heads
-    q = head_projection(self.num_heads, head_dim, self.dtype, "query")(x)
+    q = head_projection(self.num_heads, head_dim, self.dtype, "query")(
+        x if query is None else query)
     k = head_projection(self.num_heads, head_dim, self.dtype, "key")(x)
     v = head_projection(self.num_heads, head_dim, self.dtype, "value")(x)
+    # Splash tiles square [length, length] problems only; a query subset is
+    # small and takes the reference path.
+    impl = "xla" if query is not None and self.impl == "splash" else self.impl
     out = attention_lib.attend(
-        q, k, v, mask, segment_ids=doc_ids, impl=self.impl,
+        q, k, v, mask, segment_ids=doc_ids, impl=impl,
         dropout_rate=self.dropout_rate, deterministic=deterministic,
         dtype=self.dtype)
     return out_projection(out, self.dtype)
@@ -376,14 +385,23 @@ class Encoder(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, mask: jax.Array, deterministic: bool,
-               context: dict[str, jax.Array] | None = None) -> jax.Array:
+               context: dict[str, jax.Array] | None = None,
+               query_rows: jax.Array | None = None) -> jax.Array:
     """Maps [batch, length, embed] to [batch, length, embed] (``dtype``).
 
     ``mask`` is bool [batch, 1 or heads, length, length], see
     ``doc_attention_mask``; ``context`` goes to every block unchanged (see
     ``EncoderBlock``).
+
+    ``query_rows`` (optional, int32 [batch, rows], unscanned stacks only):
+    the last block computes only these rows of its output, [batch, rows,
+    embed], when the caller reads no other (a pretraining loss reads the
+    predicted slots and [CLS]). Its keys and values still come from every
+    row; its queries, output projection and feed-forward skip the rest.
     """
     context = dict(context or {})
+    if query_rows is not None and self.scan_layers:
+      raise ValueError("query_rows needs an unscanned stack (scan_layers=False).")
     if self.remat != "none" and self.remat not in REMAT_POLICIES:
       raise ValueError(
           f"Unknown remat policy {self.remat!r}; set --config.remat to one of "
@@ -411,9 +429,23 @@ class Encoder(nn.Module):
                        x, mask, context)
       return x
     for i in range(self.num_layers):
+      if i == self.num_layers - 1 and query_rows is not None:
+        x, mask, context = _at_rows(x, mask, context, query_rows)
       x = block_cls(**kwargs, name=f"layer_{i}")(x, mask, deterministic, context)
       x = sharding.constrain(x, HIDDEN_AXES)
     return x
+
+
+def _at_rows(x: jax.Array, mask: jax.Array, context: dict[str, jax.Array],
+             rows: jax.Array) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
+  """A block's (x, mask, context) such that it computes only ``rows``
+  (int32 [batch, rows]) of its output: the queries (and the residual) are
+  those rows of ``x``, the mask keeps their rows, and the document ids, which
+  describe a square mask, are dropped."""
+  context = {k: v for k, v in context.items() if k != "doc_ids"}
+  context["query"] = jnp.take_along_axis(x, rows[:, :, None], axis=1)
+  mask = jnp.take_along_axis(mask, rows[:, None, :, None], axis=2)
+  return x, mask, context
 
 
 def stack_layers(encoder_params: dict[str, Any], num_layers: int) -> dict[str, Any]:

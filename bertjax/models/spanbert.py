@@ -128,5 +128,7 @@ def from_config(config: ml_collections.ConfigDict,
             for name in bert.BertForPretraining.__dataclass_fields__
             if name not in ("parent", "name")}
   fields["sentence_head"] = False
+  # The span boundary head reads the hidden states at the spans' borders.
+  fields["sparse_last_layer"] = False
   return SpanBertForPretraining(sbo_max_offset=int(config.sbo_max_offset),
                                 **fields)
