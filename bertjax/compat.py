@@ -103,6 +103,8 @@ _SAFE_FIELDS = (
     "mesh_shape", "microbatches", "remat",
     # The attention kernel: the same function to float rounding (models/attention.py).
     "attention_impl",
+    # The last layer at the read rows only: the same losses to float rounding.
+    "sparse_last_layer",
     # The loop's cadence and length, evaluation, guards.
     "num_train_steps", "log_every_steps", "checkpoint_every_steps",
     "keep_checkpoints", "eval_split", "eval_every_steps", "eval_max_batches",
@@ -125,7 +127,7 @@ DEFAULTS: dict[str, Any] = {
     "hidden_act": "gelu", "layer_norm_eps": 1e-12, "pair_chunking": "bert",
     "max_ngram": 1, "ngram_probs": [], "knowledge_spans": False, "attend_across_documents": False,
     "initializer_range": 0.02, "microbatches": 1, "remat": "none",
-    "attention_impl": "auto",
+    "attention_impl": "auto", "sparse_last_layer": False,
     "allow_changes": "", "restart_from_scratch": False, "single_segment": False,
     "encoder": "bert", "gdes": False,
 }

@@ -112,6 +112,9 @@ def build(encoder: nn.Module, kind: str, num_outputs: int, pooling: str = "first
   if pooling not in POOLINGS:
     raise ValueError(f"Unknown pooling {pooling!r}; set --config.pooling to one of "
                      f"{', '.join(POOLINGS)}.")
+  if getattr(encoder, "sparse_last_layer", False):
+    # A head reads every row of the last layer (``BertForPretraining``).
+    encoder = encoder.clone(sparse_last_layer=False)
   # Flax names module-valued fields after the field: params['encoder'], ['head'].
   return FineTuneModel(encoder=encoder,
                        head=TaskHead(kind=kind, num_outputs=num_outputs,

@@ -430,22 +430,22 @@ class Encoder(nn.Module):
       return x
     for i in range(self.num_layers):
       if i == self.num_layers - 1 and query_rows is not None:
-        x, mask, context = _at_rows(x, mask, context, query_rows)
+        mask, context = _at_rows(x, mask, context, query_rows)
       x = block_cls(**kwargs, name=f"layer_{i}")(x, mask, deterministic, context)
       x = sharding.constrain(x, HIDDEN_AXES)
     return x
 
 
 def _at_rows(x: jax.Array, mask: jax.Array, context: dict[str, jax.Array],
-             rows: jax.Array) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
-  """A block's (x, mask, context) such that it computes only ``rows``
-  (int32 [batch, rows]) of its output: the queries (and the residual) are
-  those rows of ``x``, the mask keeps their rows, and the document ids, which
-  describe a square mask, are dropped."""
+             rows: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """A block's (mask, context) such that, given ``x``, it computes only
+  ``rows`` (int32 [batch, rows]) of its output: the queries (and the
+  residual) are those rows of ``x``, the mask keeps their rows, and the
+  document ids, which describe a square mask, are dropped."""
   context = {k: v for k, v in context.items() if k != "doc_ids"}
   context["query"] = jnp.take_along_axis(x, rows[:, :, None], axis=1)
   mask = jnp.take_along_axis(mask, rows[:, None, :, None], axis=2)
-  return x, mask, context
+  return mask, context
 
 
 def stack_layers(encoder_params: dict[str, Any], num_layers: int) -> dict[str, Any]:
