@@ -3,7 +3,7 @@ r"""Interleaved A/B of bertjax train-step variants, robust to a shared machine.
   JAX_PLATFORMS=cpu python bench/ab_step.py --config=configs/bert.py:base \
       --config.batch_size=8 --config.seq_len=128 \
       --config.max_predictions_per_seq=20 --config.dropout_rate=0 \
-      --config.attention_dropout_rate=0 --variants=baseline,guard_cond
+      --config.attention_dropout_rate=0 --variants=baseline,guard_where
 
 Each variant's step is compiled apart (the variant is a patch active only
 while its step is traced), then the steps run interleaved, A, B, A, B, ...,
@@ -17,11 +17,12 @@ faster variant that computes something else is caught.
 A variant is a ``+``-joined set of features (``qkv_fused+heads_major``):
 
   baseline     the tree as it is.
-  guard_cond   the non-finite guard as ``lax.cond`` around the optimizer
-               update instead of selects over params and optimizer state.
-  guard_where  the guard as selects (``jnp.where``) over the updated params
-               and optimizer state: the tree's own ``guards.update_if_finite``,
-               named so that a run can list it beside guard_cond.
+  guard_where  the non-finite guard as selects (``jnp.where``) over the
+               updated and the old params and optimizer state, as before the
+               guard became one ``lax.cond`` around the update.
+  guard_cond   the guard as ``lax.cond``: the tree's own
+               ``guards.update_if_finite``, named so that a run can list it
+               beside guard_where.
   flat2d       the projections as 2-D matmuls on the kernels seen as
                [embed, heads*kv] and [heads*kv, embed] (bitcasts of the stored
                3-D kernels), as HF's Dense layers do.
@@ -80,7 +81,7 @@ from bertjax import train  # noqa: E402
 from bertjax.models import bert as bert_model  # noqa: E402
 from bertjax.models import layers  # noqa: E402
 
-_VARIANTS = flags.DEFINE_list("variants", ["baseline", "guard_cond"],
+_VARIANTS = flags.DEFINE_list("variants", ["baseline", "guard_where"],
                               "Variants to compare; the first is the reference.")
 _ROUNDS = flags.DEFINE_integer("rounds", 9, "Interleaved timed rounds.")
 _WARMUP = flags.DEFINE_integer("ab_warmup", 2, "Untimed steps per variant.")
@@ -90,19 +91,15 @@ _FEATURES = ("baseline", "guard_cond", "guard_where",
              "embed_gather", "full_last_layer") + _ATTENTION_FEATURES
 
 
-def _guard_cond(finite, tx, grads, params, opt_state):
-  """``guards.update_if_finite`` as one ``lax.cond``."""
+def _guard_where(finite, tx, grads, params, opt_state):
+  """``guards.update_if_finite`` as selects over the updated and old trees."""
   import optax
-
-  def update(operands):
-    g, p, o = operands
-    with jax.named_scope("optimizer"):
-      updates, o = tx.update(g, o, p)
-      return optax.apply_updates(p, updates), o
-
+  with jax.named_scope("optimizer"):
+    updates, new_opt_state = tx.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
   with jax.named_scope("nonfinite_guard"):
-    return jax.lax.cond(finite, update, lambda ops: (ops[1], ops[2]),
-                        (grads, params, opt_state))
+    return jax.tree.map(lambda new, old: jnp.where(finite, new, old),
+                        (new_params, new_opt_state), (params, opt_state))
 
 
 class _Weights(nn.Module):
@@ -216,9 +213,9 @@ def _patched(variant: str):
   saved = (guards.update_if_finite, layers.Encoder, layers.combine_masks)
   saved_lookup = bert_model._one_hot_lookup
   try:
-    if "guard_cond" in features:
-      guards.update_if_finite = _guard_cond
-    if "guard_where" in features:  # the selects: the tree's own guard
+    if "guard_where" in features:
+      guards.update_if_finite = _guard_where
+    if "guard_cond" in features:  # the cond: the tree's own guard
       guards.update_if_finite = saved[0]
     attention = features & set(_ATTENTION_FEATURES)
     if attention:

@@ -1,0 +1,117 @@
+r"""The optimizer update alone, under each form of the non-finite guard.
+
+  JAX_PLATFORMS=cpu python bench/update_bench.py --config=configs/bert.py:base \
+      --config.vocab_size=30522 --guards=cond,where,none --rounds=30
+
+Times one jitted function per guard, interleaved: global gradient norm,
+then the config's optimizer (clipping, AdamW or LAMB) on the model's full
+parameter tree, params and optimizer state donated as in the train step,
+with constant finite gradients. The guards:
+
+  cond   ``guards.update_if_finite`` as the train step has it: one
+         ``lax.cond`` around the update.
+  where  selects (``jnp.where``) over the updated and the old trees, as
+         before: XLA copies every donated optimizer-state buffer that the
+         update writes in place while the select still reads it.
+  none   the update with no guard: the floor.
+
+Prints one JSON line: per guard the median seconds of a call and the ratio
+to the first guard listed. No train step runs, so the figures are the
+update's own cost, without the step's noise around it.
+"""
+
+from __future__ import annotations
+
+# Malloc tunables as the binaries have them (bertjax/host_memory.py).
+if __name__ == "__main__":
+  from bertjax import host_memory
+  host_memory.reexec_with_malloc_tunables()
+
+import json
+import os
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import optax
+from absl import app
+from absl import flags
+
+sys.path.insert(0, os.path.dirname(__file__))
+# Imports the --config flag definition.
+import step_bench  # noqa: E402,F401
+from bertjax import guards  # noqa: E402
+from bertjax import models  # noqa: E402
+from bertjax import optim  # noqa: E402
+from bertjax import sharding  # noqa: E402
+from bertjax import state as state_lib  # noqa: E402
+
+_GUARDS = flags.DEFINE_list("guards", ["cond", "where", "none"],
+                            "Guards to time; the first is the reference.")
+_ROUNDS = flags.DEFINE_integer("rounds", 30, "Interleaved timed rounds.")
+
+
+def _where(finite, tx, grads, params, opt_state):
+  updates, new_opt_state = tx.update(grads, opt_state, params)
+  new_params = optax.apply_updates(params, updates)
+  return jax.tree.map(lambda new, old: jnp.where(finite, new, old),
+                      (new_params, new_opt_state), (params, opt_state))
+
+
+def _none(finite, tx, grads, params, opt_state):
+  del finite
+  updates, opt_state = tx.update(grads, opt_state, params)
+  return optax.apply_updates(params, updates), opt_state
+
+
+_FORMS = {"cond": guards.update_if_finite, "where": _where, "none": _none}
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  unknown = set(_GUARDS.value) - set(_FORMS)
+  if unknown:
+    raise app.UsageError(f"Unknown guard(s) {sorted(unknown)}; pick from "
+                         f"{', '.join(_FORMS)}.")
+  config = flags.FLAGS.config
+  mesh = sharding.make_mesh(config.mesh_shape)
+  tx = optim.make_optimizer(config)
+  state, _ = state_lib.create_train_state(models.get_model(config), tx,
+                                          config, mesh)
+  grads = jax.tree.map(lambda p: jnp.full_like(p, 1e-3), state.params)
+  steps, boxes = {}, {}
+  for name in _GUARDS.value:
+    def update(params, opt_state, grads, form=_FORMS[name]):
+      finite = jnp.isfinite(optax.global_norm(grads))
+      return form(finite, tx, grads, params, opt_state)
+    steps[name] = jax.jit(update, donate_argnums=(0, 1))
+    boxes[name] = jax.tree.map(jnp.copy, (state.params, state.opt_state))
+
+  def run(name):
+    boxes[name] = steps[name](*boxes[name], grads)
+    jax.block_until_ready(boxes[name])
+
+  for name in steps:  # compile and warm up
+    run(name)
+    run(name)
+  times = {name: [] for name in steps}
+  for _ in range(_ROUNDS.value):
+    for name in steps:
+      start = time.perf_counter()
+      run(name)
+      times[name].append(time.perf_counter() - start)
+  ref = statistics.median(times[_GUARDS.value[0]])
+  print(json.dumps({
+      "model": f"{config.model}-{config.model_size}",
+      "params": sum(x.size for x in jax.tree.leaves(state.params)),
+      "rounds": _ROUNDS.value,
+      "guards": {name: {"median_s": round(statistics.median(t), 4),
+                        "ratio": round(statistics.median(t) / ref, 3)}
+                 for name, t in times.items()}}))
+
+
+if __name__ == "__main__":
+  app.run(main)
