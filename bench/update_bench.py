@@ -1,7 +1,7 @@
 r"""The optimizer update alone, under each form of the non-finite guard.
 
   JAX_PLATFORMS=cpu python bench/update_bench.py --config=configs/bert.py:base \
-      --config.vocab_size=30522 --guards=cond,where,none --rounds=30
+      --config.vocab_size=30522 --guards=cond,where,none --update_rounds=30
 
 Times one jitted function per guard, interleaved: global gradient norm,
 then the config's optimizer (clipping, AdamW or LAMB) on the model's full
@@ -40,8 +40,8 @@ from absl import app
 from absl import flags
 
 sys.path.insert(0, os.path.dirname(__file__))
-# Imports the --config flag definition.
-import step_bench  # noqa: E402,F401
+# The selects form of the guard; importing it also defines the --config flag.
+import ab_step  # noqa: E402
 from bertjax import guards  # noqa: E402
 from bertjax import models  # noqa: E402
 from bertjax import optim  # noqa: E402
@@ -50,14 +50,7 @@ from bertjax import state as state_lib  # noqa: E402
 
 _GUARDS = flags.DEFINE_list("guards", ["cond", "where", "none"],
                             "Guards to time; the first is the reference.")
-_ROUNDS = flags.DEFINE_integer("rounds", 30, "Interleaved timed rounds.")
-
-
-def _where(finite, tx, grads, params, opt_state):
-  updates, new_opt_state = tx.update(grads, opt_state, params)
-  new_params = optax.apply_updates(params, updates)
-  return jax.tree.map(lambda new, old: jnp.where(finite, new, old),
-                      (new_params, new_opt_state), (params, opt_state))
+_ROUNDS = flags.DEFINE_integer("update_rounds", 30, "Interleaved timed rounds.")
 
 
 def _none(finite, tx, grads, params, opt_state):
@@ -66,7 +59,9 @@ def _none(finite, tx, grads, params, opt_state):
   return optax.apply_updates(params, updates), opt_state
 
 
-_FORMS = {"cond": guards.update_if_finite, "where": _where, "none": _none}
+_FORMS = {"cond": guards.update_if_finite,
+          "where": ab_step._guard_where,  # pylint: disable=protected-access
+          "none": _none}
 
 
 def main(argv):

@@ -150,8 +150,9 @@ def update_if_finite(finite, tx, grads, params, opt_state):
   One ``lax.cond`` around the update rather than selects (``jnp.where``) over
   the updated and the old trees: a select reads the old value of every
   donated buffer that the update writes in place, so XLA copies each AdamW
-  moment first (BERT-base: 880 MB a step; its update alone went from 432 to
-  290 ms on a 2-core CPU, bench/ab_step.py variant ``guard_where``). The
+  moment first (BERT-base: 880 MB a step; its update alone went from 0.42 to
+  0.28 s on a 2-core CPU, bench/update_bench.py; the old form is
+  bench/ab_step.py's variant ``guard_where``). The
   skipped branch returns its operands, so a skipped step leaves params and
   optimizer state bit-identical.
 
