@@ -39,6 +39,10 @@ A variant is a ``+``-joined set of features (``qkv_fused+heads_major``):
                (implementation 'xla') on [batch, length, heads, kv].
   embed_gather the position and segment tables read by gather (their
                gradient a scatter-add), as before the one-hot lookup.
+  word_bf16    the word table read by ``nn.Embed(dtype)``: cast whole to the
+               compute dtype, then gathered, so its gradient is a scatter-add
+               in that dtype (bf16 on GPU/TPU), as before
+               ``layers.embed_rows``; identical in float32.
   full_last_layer  the last encoder layer at every row
                (``--config.sparse_last_layer=False``), as before the sparse
                last layer; its first update matches to float rounding only.
@@ -88,7 +92,7 @@ _WARMUP = flags.DEFINE_integer("ab_warmup", 2, "Untimed steps per variant.")
 
 _ATTENTION_FEATURES = ("flat2d", "qkv_fused", "heads_major", "mask_bias", "dpa")
 _FEATURES = ("baseline", "guard_cond", "guard_where",
-             "embed_gather", "full_last_layer") + _ATTENTION_FEATURES
+             "embed_gather", "word_bf16", "full_last_layer") + _ATTENTION_FEATURES
 
 
 def _guard_where(finite, tx, grads, params, opt_state):
@@ -212,6 +216,7 @@ def _patched(variant: str):
                      f"{', '.join(_FEATURES)}.")
   saved = (guards.update_if_finite, layers.Encoder, layers.combine_masks)
   saved_lookup = bert_model._one_hot_lookup
+  saved_rows = layers.embed_rows
   try:
     if "guard_where" in features:
       guards.update_if_finite = _guard_where
@@ -227,10 +232,13 @@ def _patched(variant: str):
       layers.combine_masks = _bias_masks
     if "embed_gather" in features:
       bert_model._one_hot_lookup = lambda table, ids, dtype: table(ids)
+    if "word_bf16" in features:
+      layers.embed_rows = lambda table, ids, dtype: table(ids)
     yield
   finally:
     guards.update_if_finite, layers.Encoder, layers.combine_masks = saved
     bert_model._one_hot_lookup = saved_lookup
+    layers.embed_rows = saved_rows
 
 
 def _build(config, variant: str):

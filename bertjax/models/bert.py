@@ -103,7 +103,7 @@ class BertEmbeddings(nn.Module):
     table read through ``stop_gradient``: gradient-disentangled sharing
     (DeBERTa-v3), where this caller's loss trains only the delta.
     """
-    x = self.word_embeddings(tokens)
+    x = layers.embed_rows(self.word_embeddings, tokens, self.dtype)
     if word_delta is not None:
       x = jax.lax.stop_gradient(x) + jnp.take(word_delta, tokens, axis=0).astype(x.dtype)
     if self.add_positions:
@@ -340,8 +340,9 @@ def _one_hot_lookup(table: nn.Embed, ids: jax.Array, dtype: Dtype) -> jax.Array:
   colliding adds: on an H100 the two scatters took 75 ms of BERT-base's
   110 ms step (batch 32 x 512, bf16). The forward pass stays a gather (exact,
   no FLOPs); the backward pass is ``one_hot(ids)^T @ g``, accumulated in
-  float32 whatever the compute dtype. The word table keeps its scatter: its
-  rows rarely collide and a one-hot over the vocabulary would cost real FLOPs.
+  float32 whatever the compute dtype. The word table keeps its scatter, in
+  float32 (``layers.embed_rows``): a one-hot over the vocabulary would cost
+  real FLOPs.
   """
   return _rows_with_matmul_grad(table.embedding, ids, jnp.dtype(dtype))
 

@@ -73,6 +73,18 @@ def zeros_init(*names: str | None) -> Callable[..., Any]:
   return nn.with_logical_partitioning(nn.initializers.zeros_init(), names)
 
 
+def embed_rows(table: nn.Embed, ids: jax.Array, dtype: Dtype) -> jax.Array:
+  """Rows ``ids`` of ``table``'s float32 embedding, cast to ``dtype``.
+
+  ``nn.Embed(dtype=bf16)`` casts the whole table first and gathers bf16 rows,
+  so its gradient is a bf16 scatter-add: every use of a frequent id ([MASK]
+  alone is ~12% of a batch) is summed in bf16, and on GPUs the colliding bf16
+  adds run as compare-and-swap loops. Gathering the float32 rows and casting
+  after gives the same forward values and a float32 scatter-add.
+  """
+  return jnp.take(table.embedding, ids, axis=0).astype(dtype)
+
+
 # The feed-forward activations a config may name (``config.hidden_act``, HF's
 # names): BERT's exact erf GELU, the tanh approximation of ALBERT v2 / GPT-2
 # ('gelu_new', alias 'gelu_pytorch_tanh'), and ReLU.

@@ -65,11 +65,13 @@ class SboHead(nn.Module):
     """
     width = hidden.shape[-1]
     gather = lambda index: jnp.take_along_axis(hidden, index[:, :, None], axis=1)
-    offset_embedding = nn.Embed(
+    # Every prediction reads one of max_offset + 1 rows: a small table whose
+    # gradient is a one-hot matmul, as BERT's position table (no scatter).
+    offset_embedding = bert._one_hot_lookup(nn.Embed(
         num_embeddings=self.max_offset + 1, features=width, dtype=self.dtype,
         param_dtype=jnp.float32,
         embedding_init=layers.kernel_init("position", "embed"),
-        name="position_embeddings")(offsets)
+        name="position_embeddings"), offsets, self.dtype)
     x = jnp.concatenate(
         [gather(left), gather(right), offset_embedding.astype(hidden.dtype)],
         axis=-1)

@@ -367,7 +367,8 @@ class XLNetForPretraining(nn.Module):
     """Runs the model; see the module docstring for inputs and outputs."""
     tokens = inputs["tokens"]
     length = tokens.shape[1]
-    h = self.dropout(self.word_embeddings(tokens), deterministic)
+    h = self.dropout(
+        layers.embed_rows(self.word_embeddings, tokens, self.dtype), deterministic)
     # A no-op unless a 'perturbations' collection is passed: the gradient
     # with respect to the embedded input (the tests' leakage check).
     h = self.perturb("embedded", h)
