@@ -2,10 +2,21 @@
 # BERT-base / BERT-large bf16 train steps on one GPU: bertjax (cuDNN attention
 # and the XLA reference), HF Flax and PyTorch (SDPA, torch.compile, fused
 # AdamW) in one process per size, interleaved. One JSON line per run on
-# stdout (bench/step_bench.py's record).
+# stdout (bench/step_bench.py's and bench/ab_step.py's records).
 #
 #   bash bench/gpu_steps.sh base 32 512     # size, batch, seq_len
 #   bash bench/gpu_steps.sh large 16 512
+#   PARTS="ab" bash bench/gpu_steps.sh base 32 512
+#
+# PARTS (default "compare xla") picks the runs, in the order given:
+#   compare  bertjax (cuDNN attention) beside HF Flax and compiled PyTorch
+#   xla      bertjax alone with the XLA attention
+#   ab       bench/ab_step.py: this tree against the embedding lookups it
+#            replaced (bf16 word-table scatter; scatter-add gradients of the
+#            position and segment tables), interleaved
+# Each run compiles its steps first: on an H200 (2026-11-26) bertjax's base
+# step took 102 s, HF Flax's 46 s, torch.compile 23 s. STEPS (default 20)
+# timed steps per system; ROUNDS (default 5) for ab.
 set -euo pipefail
 size=${1:-base}; batch=${2:-32}; seq=${3:-512}
 preds=$(( (seq * 15 + 99) / 100 ))   # 15% of the row, rounded up
@@ -15,7 +26,15 @@ common=(--config="$here/../configs/bert.py:$size" --config.dtype=bfloat16
         --config.max_position_embeddings="$(( seq > 512 ? seq : 512 ))"
         --config.max_predictions_per_seq="$preds"
         --config.dropout_rate=0 --config.attention_dropout_rate=0
-        --config.mesh_shape=1,1,1 --steps="${STEPS:-20}" --warmup=3)
-python3 "$here/step_bench.py" "${common[@]}" --config.attention_impl=dot_product \
-    --compare --torch_compile
-python3 "$here/step_bench.py" "${common[@]}" --config.attention_impl=xla
+        --config.mesh_shape=1,1,1)
+for part in ${PARTS:-compare xla}; do
+  case "$part" in
+    compare) python3 "$here/step_bench.py" "${common[@]}" --steps="${STEPS:-20}" \
+               --warmup=3 --config.attention_impl=dot_product --compare --torch_compile ;;
+    xla) python3 "$here/step_bench.py" "${common[@]}" --steps="${STEPS:-20}" \
+           --warmup=3 --config.attention_impl=xla ;;
+    ab) python3 "$here/ab_step.py" "${common[@]}" --config.attention_impl=dot_product \
+          --variants=baseline,embed_gather+word_bf16,word_bf16 --rounds="${ROUNDS:-5}" ;;
+    *) echo "Unknown part '$part' in PARTS; pick from: compare xla ab." >&2; exit 2 ;;
+  esac
+done
