@@ -14,6 +14,8 @@
 #   ab       bench/ab_step.py: this tree against the embedding lookups it
 #            replaced (bf16 word-table scatter; scatter-add gradients of the
 #            position and segment tables), interleaved
+#   profile  bench/profile_step.py: bertjax's step traced, its costliest GPU
+#            kernels listed (where the time beyond the matmuls goes)
 # Each run compiles its steps first: on an H200 (2026-11-26) bertjax's base
 # step took 102 s, HF Flax's 46 s, torch.compile 23 s. STEPS (default 20)
 # timed steps per system; ROUNDS (default 5) for ab.
@@ -35,6 +37,8 @@ for part in ${PARTS:-compare xla}; do
            --warmup=3 --config.attention_impl=xla ;;
     ab) python3 "$here/ab_step.py" "${common[@]}" --config.attention_impl=dot_product \
           --variants=baseline,embed_gather+word_bf16,word_bf16 --rounds="${ROUNDS:-5}" ;;
-    *) echo "Unknown part '$part' in PARTS; pick from: compare xla ab." >&2; exit 2 ;;
+    profile) python3 "$here/profile_step.py" "${common[@]}" --config.attention_impl=dot_product \
+               --systems=bertjax --raw_top=40 ;;
+    *) echo "Unknown part '$part' in PARTS; pick from: compare xla ab profile." >&2; exit 2 ;;
   esac
 done
