@@ -46,6 +46,11 @@ A variant is a ``+``-joined set of features (``qkv_fused+heads_major``):
   full_last_layer  the last encoder layer at every row
                (``--config.sparse_last_layer=False``), as before the sparse
                last layer; its first update matches to float rounding only.
+  ynn_off      the same step compiled with XLA:CPU's YNNPACK dot fusions off
+               (``xla_cpu_experimental_ynn_fusion_type=``): Eigen runs
+               every dot.
+  fast_math    the same step compiled with XLA:CPU fast math, NaN, Inf and
+               division semantics kept, approximate functions allowed.
 """
 
 from __future__ import annotations
@@ -91,8 +96,20 @@ _ROUNDS = flags.DEFINE_integer("rounds", 9, "Interleaved timed rounds.")
 _WARMUP = flags.DEFINE_integer("ab_warmup", 2, "Untimed steps per variant.")
 
 _ATTENTION_FEATURES = ("flat2d", "qkv_fused", "heads_major", "mask_bias", "dpa")
-_FEATURES = ("baseline", "guard_cond", "guard_where",
-             "embed_gather", "word_bf16", "full_last_layer") + _ATTENTION_FEATURES
+# XLA:CPU compile options for the step alone (the same program, compiled
+# otherwise): YNNPACK's library dot fusions off (Eigen runs every dot), and
+# fast math with NaN, Inf and division semantics kept (the non-finite guard
+# must still see a NaN).
+_COMPILER_OPTIONS = {
+    "ynn_off": {"xla_cpu_experimental_ynn_fusion_type": ""},
+    "fast_math": {"xla_cpu_enable_fast_math": True,
+                  "xla_cpu_fast_math_honor_nans": True,
+                  "xla_cpu_fast_math_honor_infs": True,
+                  "xla_cpu_fast_math_honor_division": True,
+                  "xla_cpu_fast_math_honor_functions": False},
+}
+_FEATURES = ("baseline", "guard_cond", "guard_where", "embed_gather", "word_bf16",
+             "full_last_layer") + _ATTENTION_FEATURES + tuple(_COMPILER_OPTIONS)
 
 
 def _guard_where(finite, tx, grads, params, opt_state):
@@ -255,7 +272,11 @@ def _build(config, variant: str):
     step_fn = train.make_train_step(model, objective, tx, shardings, mesh)
     batch = train.to_global(step_bench.synthetic_batch(config), mesh)
     rng = jax.random.key(config.seed)
-    compiled = step_fn.lower(state, batch, rng).compile()
+    options = {}
+    for feature in variant.split("+"):
+      options.update(_COMPILER_OPTIONS.get(feature, {}))
+    compiled = step_fn.lower(state, batch, rng).compile(
+        compiler_options=options or None)
   state, metrics = compiled(state, batch, rng)
   loss = float(metrics["loss"][0] / metrics["loss"][1])
   first = (loss, jax.device_get(state.params))
