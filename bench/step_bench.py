@@ -433,8 +433,9 @@ def benchmark(config, *, steps: int = 15, warmup: int = 2,
   if compare and "hf_flax" in systems:
     # The speedup bertjax would show if both ran their matmuls at the same
     # FLOP rate: the ceiling of what skipping work alone can give.
-    record["hf_matmul_flops_per_step"] = hf_mlm_flops(config)
-    record["flop_ratio_hf_to_bertjax"] = round(hf_mlm_flops(config) / useful, 3)
+    hf_flops = hf_mlm_flops(config)
+    record["hf_matmul_flops_per_step"] = hf_flops
+    record["flop_ratio_hf_to_bertjax"] = round(hf_flops / useful, 3)
   return record
 
 
