@@ -46,11 +46,21 @@ A variant is a ``+``-joined set of features (``qkv_fused+heads_major``):
   full_last_layer  the last encoder layer at every row
                (``--config.sparse_last_layer=False``), as before the sparse
                last layer; its first update matches to float rounding only.
+  gelu_saved   the feed-forward activation without ``jax.checkpoint``: its
+               forward keeps what its backward reuses, as before
+               ``layers.remat_activation``.
+  ln_saved     the LayerNorms as plain ``nn.LayerNorm`` (normalised values
+               kept for the backward pass), as before ``layers.layer_norm``
+               became rematerialised.
   ynn_off      the same step compiled with XLA:CPU's YNNPACK dot fusions off
                (``xla_cpu_experimental_ynn_fusion_type=``): Eigen runs
                every dot.
   fast_math    the same step compiled with XLA:CPU fast math, NaN, Inf and
                division semantics kept, approximate functions allowed.
+  cublaslt, no_triton_gemm, no_command_buffer
+               XLA:GPU compile options (``_COMPILER_OPTIONS``): matmuls on
+               cuBLASLt (bias epilogues), matmuls on cuBLAS rather than
+               Triton gemm fusions, kernels launched without CUDA graphs.
 """
 
 from __future__ import annotations
@@ -107,9 +117,15 @@ _COMPILER_OPTIONS = {
                   "xla_cpu_fast_math_honor_infs": True,
                   "xla_cpu_fast_math_honor_division": True,
                   "xla_cpu_fast_math_honor_functions": False},
+    # XLA:GPU: cuBLASLt, whose epilogues can take the bias adds; every matmul
+    # on cuBLAS instead of Triton's gemm fusions; no CUDA-graph command
+    # buffers (each kernel launched alone).
+    "cublaslt": {"xla_gpu_enable_cublaslt": True},
+    "no_triton_gemm": {"xla_gpu_enable_triton_gemm": False},
+    "no_command_buffer": {"xla_gpu_enable_command_buffer": ""},
 }
 _FEATURES = ("baseline", "guard_cond", "guard_where", "embed_gather", "word_bf16",
-             "full_last_layer") + _ATTENTION_FEATURES + tuple(_COMPILER_OPTIONS)
+             "full_last_layer", "gelu_saved", "ln_saved") + _ATTENTION_FEATURES + tuple(_COMPILER_OPTIONS)
 
 
 def _guard_where(finite, tx, grads, params, opt_state):
@@ -234,7 +250,13 @@ def _patched(variant: str):
   saved = (guards.update_if_finite, layers.Encoder, layers.combine_masks)
   saved_lookup = bert_model._one_hot_lookup
   saved_rows = layers.embed_rows
+  saved_activation = layers.remat_activation
+  saved_norm = layers._RematLayerNorm
   try:
+    if "ln_saved" in features:
+      layers._RematLayerNorm = nn.LayerNorm
+    if "gelu_saved" in features:
+      layers.remat_activation = layers.activation
     if "guard_where" in features:
       guards.update_if_finite = _guard_where
     if "guard_cond" in features:  # the cond: the tree's own guard
@@ -256,6 +278,8 @@ def _patched(variant: str):
     guards.update_if_finite, layers.Encoder, layers.combine_masks = saved
     bert_model._one_hot_lookup = saved_lookup
     layers.embed_rows = saved_rows
+    layers.remat_activation = saved_activation
+    layers._RematLayerNorm = saved_norm
 
 
 def _build(config, variant: str):

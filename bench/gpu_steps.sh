@@ -11,18 +11,24 @@
 # PARTS (default "compare xla") picks the runs, in the order given:
 #   compare  bertjax (cuDNN attention) beside HF Flax and compiled PyTorch
 #   xla      bertjax alone with the XLA attention
-#   ab       bench/ab_step.py: this tree against the embedding lookups it
-#            replaced (bf16 word-table scatter; scatter-add gradients of the
-#            position and segment tables), interleaved
+#   ab       bench/ab_step.py, interleaved: VARIANTS (default this tree
+#            against the embedding lookups it replaced: bf16 word-table
+#            scatter; scatter-add gradients of the position and segment
+#            tables); e.g. VARIANTS=baseline,gelu_saved,cublaslt
 #   profile  bench/profile_step.py: bertjax's step traced, its costliest GPU
 #            kernels listed (where the time beyond the matmuls goes)
 # Each run compiles its steps first: on an H200 (2026-11-26) bertjax's base
-# step took 102 s, HF Flax's 46 s, torch.compile 23 s. STEPS (default 20)
-# timed steps per system; ROUNDS (default 5) for ab.
+# step took 102-124 s (large 118-127 s), HF Flax's 46 s (large 68 s),
+# torch.compile 23 s (large 40 s). STEPS (default 20) timed steps per
+# system; ROUNDS (default 5) for ab. JAX's compilation cache (and with it
+# XLA's per-fusion autotuning results) is kept in JAX_COMPILATION_CACHE_DIR
+# (default /tmp/bertjax-jax-cache), so later runs and A/B variants that
+# share fusions skip their autotuning.
 set -euo pipefail
 size=${1:-base}; batch=${2:-32}; seq=${3:-512}
 preds=$(( (seq * 15 + 99) / 100 ))   # 15% of the row, rounded up
 here=$(cd "$(dirname "$0")" && pwd)
+export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/bertjax-jax-cache}
 common=(--config="$here/../configs/bert.py:$size" --config.dtype=bfloat16
         --config.batch_size="$batch" --config.seq_len="$seq"
         --config.max_position_embeddings="$(( seq > 512 ? seq : 512 ))"
@@ -36,7 +42,8 @@ for part in ${PARTS:-compare xla}; do
     xla) python3 "$here/step_bench.py" "${common[@]}" --steps="${STEPS:-20}" \
            --warmup=3 --config.attention_impl=xla ;;
     ab) python3 "$here/ab_step.py" "${common[@]}" --config.attention_impl=dot_product \
-          --variants=baseline,embed_gather+word_bf16,word_bf16 --rounds="${ROUNDS:-5}" ;;
+          --variants="${VARIANTS:-baseline,embed_gather+word_bf16,word_bf16}" \
+          --rounds="${ROUNDS:-5}" ;;
     profile) python3 "$here/profile_step.py" "${common[@]}" --config.attention_impl=dot_product \
                --systems=bertjax --raw_top=40 ;;
     *) echo "Unknown part '$part' in PARTS; pick from: compare xla ab profile." >&2; exit 2 ;;

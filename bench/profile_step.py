@@ -26,6 +26,13 @@ with the same tool and the same categories for both systems:
         ``jax.named_scope`` in ``bertjax/train.py``; in HF's step every op
         outside the model's module is the loss or the optimizer).
 
+On a GPU the trace's events are kernels: an XLA fusion's kernel is found by
+its instruction's name (identical fusions of different layers share the
+first one's kernel, so their time lands on that one's op_name), cuDNN's
+attention kernels count as ``attention kernel`` (forward or backward by the
+kernel's name) and cuBLAS matmuls, which carry no HLO name, as ``dot`` of an
+unknown part.
+
 Also reported for bertjax: how many state buffers the compiled step donates
 (aliases to its outputs) and the host->device time of one batch
 (``train.to_global``), the parts of a real step outside the jitted function.
@@ -81,6 +88,9 @@ _RAW_TOP = flags.DEFINE_integer(
     "raw_top", 0, "Also list the N costliest trace events of any name, per "
     "trace line (on a GPU: the kernels, which need not carry HLO names), "
     "with each line's busy seconds per step.")
+_SAVE_HLO = flags.DEFINE_string(
+    "save_hlo", None, "Also write each system's optimised HLO text to "
+    "SAVE_HLO.<system>.txt (for reading the fusions offline).")
 
 # (part, pattern on the op_name), first match wins. Patterns match whole path
 # components where a substring would mislead ("transpose" contains "nsp").
@@ -97,6 +107,8 @@ _PARTS = (
     ("attention", r"(^|/)attention(/|$)"),
     ("feed_forward", r"(^|/)(mlp|intermediate)(/|$)|layer/\d+/output(/|$)"),
     ("loss+metrics", r"(^|/)loss(/|$)"),
+    # cuBLAS kernels carry no HLO name: their part is unknown.
+    ("library matmul (part unknown)", r"^library_matmul$"),
 )
 # An HF op outside its model module is the loss or the optimizer.
 _HF_MODEL = "FlaxBertForMaskedLMModule"
@@ -119,7 +131,9 @@ def _instructions(hlo_text: str) -> dict[str, tuple[str, str]]:
     if op and current is not None:
       current.add(op.group(1))
   out = {}
-  inst = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = \S+ ([\w\-]+)\((.*)$", re.M)
+  # The shape is one token, or a tuple (multi-output fusions) with spaces.
+  inst = re.compile(
+      r"^\s*(?:ROOT )?%?([\w.\-]+) = (?:\([^=]*?\)|\S+) ([\w\-]+)\((.*)$", re.M)
   for m in inst.finditer(hlo_text):
     name, opcode, rest = m.groups()
     ops = {opcode}
@@ -149,7 +163,8 @@ def _part(op_name: str, system: str) -> str:
   direction = "bwd" if "transpose(" in op_name else "fwd"
   for part, pattern in _PARTS:
     if re.search(pattern, op_name):
-      if part in ("corrupt", "optimizer", "nonfinite_guard"):
+      if part in ("corrupt", "optimizer", "nonfinite_guard",
+                  "library matmul (part unknown)"):
         return part
       return f"{direction} {part}"
   if system == "hf_flax" and _HF_MODEL not in op_name:
@@ -175,6 +190,25 @@ def _raw_summary(events: list[dict], steps: int, top: int) -> dict:
     out[line] = {"busy_s": round(sum(counter.values()), 5),
                  "top": [(n, round(t, 6)) for n, t in counter.most_common(top)]}
   return out
+
+
+def _device_pids(events: list[dict]) -> set:
+  """Trace processes that are accelerators (their events are kernels)."""
+  return {e.get("pid") for e in events
+          if e.get("ph") == "M" and e.get("name") == "process_name"
+          and "/device:" in e.get("args", {}).get("name", "")}
+
+
+def _library_kernel(name: str) -> tuple[str, str] | None:
+  """(kind, pseudo op_name) of a GPU library kernel no HLO name matches: a
+  cuBLAS / CUTLASS matmul, or cuDNN's fused attention (its direction from
+  the kernel name); None for anything else (memsets)."""
+  if "cudnn" in name:
+    bwd = re.search(r"bprop|dq|dot_do_o", name)
+    return "attention kernel", ("transpose(cudnn)/attention" if bwd else "attention")
+  if re.search(r"nvjet|gemm|xmma|cutlass|cublas", name, re.I):
+    return "dot", "library_matmul"
+  return None
 
 
 def _trace(run, steps: int) -> list[dict]:
@@ -213,6 +247,9 @@ def profile(config, system: str, steps: int = 3) -> dict:
   else:
     run, compile_s = step_bench.hf_flax_step(config)
     hlo = _dumped_hlo("jit_step")
+  if _SAVE_HLO.value:
+    with open(f"{_SAVE_HLO.value}.{system}.txt", "w") as f:
+      f.write(hlo)
   table = _instructions(hlo)
   for _ in range(2):
     run()
@@ -228,9 +265,19 @@ def profile(config, system: str, steps: int = 3) -> dict:
   events = _trace(run, steps)
   if _RAW_TOP.value:
     extra["raw"] = _raw_summary(events, steps, _RAW_TOP.value)
+  # A GPU kernel is named after its fusion with '_' for '.'; identical
+  # fusions of different layers share one kernel (the first one's name).
+  kernels = {name.replace(".", "_"): entry for name, entry in table.items()}
+  device = _device_pids(events)
   for event in events:
-    if event.get("ph") == "X" and event.get("name") in table:
-      kind, op_name = table[event["name"]]
+    if event.get("ph") != "X":
+      continue
+    name = event.get("name", "")
+    entry = table.get(name) or kernels.get(name)
+    if entry is None and event.get("pid") in device:
+      entry = _library_kernel(name)
+    if entry is not None:
+      kind, op_name = entry
       seconds = event["dur"] / 1e6 / steps
       by_kind[kind] += seconds
       by_part[_part(op_name, system)] += seconds
