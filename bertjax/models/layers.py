@@ -112,8 +112,8 @@ def activation(name: str) -> Callable[[jax.Array], jax.Array]:
 def remat_activation(name: str) -> Callable[[jax.Array], jax.Array]:
   """``activation(name)`` under ``jax.checkpoint``: only its input is kept
   for the backward pass, which recomputes the rest. The exact GELU's forward
-  otherwise stores two more [tokens, mlp] pieces of itself (a base step
-  2% faster on CPU, ``bench/ab_step.py`` gelu_saved)."""
+  otherwise stores two more [tokens, mlp] pieces of itself
+  (``bench/ab_step.py`` gelu_saved is the plain form)."""
   return jax.checkpoint(activation(name))
 
 
@@ -137,8 +137,10 @@ def numerics(config: Any) -> dict[str, Any]:
 
 
 # LayerNorm whose backward pass recomputes its statistics from its input
-# instead of keeping normalised activations: the same values, less memory
-# traffic (a base step 3-4% faster on CPU, bench/ab_step.py ln_saved).
+# instead of keeping normalised activations: the same values, fewer stored
+# activations (with remat_activation, a CPU base step about 2% faster and a
+# TPU pod's per-chip HBM a little lower; README, issue 17; bench/ab_step.py
+# ln_saved is the plain form).
 _RematLayerNorm = nn.remat(nn.LayerNorm)
 
 
