@@ -37,6 +37,12 @@ A variant is a ``+``-joined set of features (``qkv_fused+heads_major``):
                layer instead of a boolean select per layer.
   dpa          the attention core as ``jax.nn.dot_product_attention``
                (implementation 'xla') on [batch, length, heads, kv].
+  dpa_lengths  ``jax.nn.dot_product_attention`` given each row's length
+               (``query_seq_lengths``, ``key_value_seq_lengths``) instead of
+               the boolean mask, and the 1/sqrt(d) scale inside the kernel:
+               on a GPU, cuDNN's padding mask in place of a dense bias read
+               for every head. Right only for rows of one document and
+               trailing padding, as ``step_bench``'s batch is.
   embed_gather the position and segment tables read by gather (their
                gradient a scatter-add), as before the one-hot lookup.
   word_bf16    the word table read by ``nn.Embed(dtype)``: cast whole to the
@@ -105,7 +111,8 @@ _VARIANTS = flags.DEFINE_list("variants", ["baseline", "guard_where"],
 _ROUNDS = flags.DEFINE_integer("rounds", 9, "Interleaved timed rounds.")
 _WARMUP = flags.DEFINE_integer("ab_warmup", 2, "Untimed steps per variant.")
 
-_ATTENTION_FEATURES = ("flat2d", "qkv_fused", "heads_major", "mask_bias", "dpa")
+_ATTENTION_FEATURES = ("flat2d", "qkv_fused", "heads_major", "mask_bias", "dpa",
+                       "dpa_lengths")
 # XLA:CPU compile options for the step alone (the same program, compiled
 # otherwise): YNNPACK's library dot fusions off (Eigen runs every dot), and
 # fast math with NaN, Inf and division semantics kept (the non-finite guard
@@ -162,7 +169,6 @@ class _VariantAttention(layers.MultiHeadAttention):
 
   @nn.compact
   def __call__(self, x, mask, deterministic, doc_ids=None, query=None):
-    del doc_ids  # the boolean mask says the same
     f, dt = self.features, self.dtype
     e = x.shape[-1]
     h = self.num_heads
@@ -204,6 +210,9 @@ class _VariantAttention(layers.MultiHeadAttention):
     else:
       q, k, v = (jnp.einsum("ble,ehd->blhd", src, w.astype(dt)) + b.astype(dt)
                  for src, (w, b) in zip(sources, qkv))
+    if "dpa_lengths" in f:
+      out = _attend_by_lengths(q, k, v, mask, doc_ids, dt)
+      return jnp.einsum("blhd,hde->ble", out, wo.astype(dt)) + bo.astype(dt)
     if "dpa" in f:
       if "mask_bias" in f:
         out = jax.nn.dot_product_attention(q, k, v, bias=mask,
@@ -228,6 +237,26 @@ class _VariantAttention(layers.MultiHeadAttention):
       return (out.reshape(out.shape[:2] + (h * d,)) @ wo.reshape(h * d, e).astype(dt)
               + bo.astype(dt))
     return jnp.einsum("bqhd,hde->bqe", out, wo.astype(dt)) + bo.astype(dt)
+
+
+def _attend_by_lengths(q, k, v, mask, doc_ids, dtype):
+  """``jax.nn.dot_product_attention`` told each row's length instead of given
+  the [length, length] mask, the scale passed to the kernel: cuDNN's padding
+  mask on a GPU in half precision (no bias tensor read per head), XLA
+  elsewhere. Right only for rows of one document followed by padding (the
+  sentence-pair batches of BERT's NSP); ``compare`` checks the first update
+  against the reference. The sparse last layer (no ``doc_ids``) keeps the
+  tree's masked path."""
+  if doc_ids is None:
+    from bertjax.models import attention as attention_lib
+    return attention_lib.attend(q, k, v, mask, impl="dot_product", dtype=dtype)
+  half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+  kernel = "cudnn" if jax.default_backend() == "gpu" and half else "xla"
+  lengths = jnp.sum(doc_ids != 0, axis=1).astype(jnp.int32)
+  out = jax.nn.dot_product_attention(
+      q, k, v, scale=float(q.shape[-1]) ** -0.5, query_seq_lengths=lengths,
+      key_value_seq_lengths=lengths, implementation=kernel)
+  return out.astype(dtype)
 
 
 def _bias_masks(doc_ids, attention_mask=None):
