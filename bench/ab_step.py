@@ -103,6 +103,7 @@ from bertjax import optim  # noqa: E402
 from bertjax import sharding  # noqa: E402
 from bertjax import state as state_lib  # noqa: E402
 from bertjax import train  # noqa: E402
+from bertjax.models import attention as attention_lib  # noqa: E402
 from bertjax.models import bert as bert_model  # noqa: E402
 from bertjax.models import layers  # noqa: E402
 
@@ -248,7 +249,6 @@ def _attend_by_lengths(q, k, v, mask, doc_ids, dtype):
   against the reference. The sparse last layer (no ``doc_ids``) keeps the
   tree's masked path."""
   if doc_ids is None:
-    from bertjax.models import attention as attention_lib
     return attention_lib.attend(q, k, v, mask, impl="dot_product", dtype=dtype)
   half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
   kernel = "cudnn" if jax.default_backend() == "gpu" and half else "xla"
