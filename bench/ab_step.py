@@ -57,7 +57,11 @@ A variant is a ``+``-joined set of features (``qkv_fused+heads_major``):
                ``layers.remat_activation``.
   ln_saved     the LayerNorms as plain ``nn.LayerNorm`` (normalised values
                kept for the backward pass), as before ``layers.layer_norm``
-               became rematerialised.
+               became rematerialised. gelu_saved and ln_saved change nothing
+               on a GPU, where the tree keeps the plain forms already
+               (``layers.remat_pointwise``).
+  pointwise_remat  the LayerNorms and activation rematerialised on every
+               platform, a GPU included (the tree's choice elsewhere).
   ynn_off      the same step compiled with XLA:CPU's YNNPACK dot fusions off
                (``xla_cpu_experimental_ynn_fusion_type=``): Eigen runs
                every dot.
@@ -132,8 +136,9 @@ _COMPILER_OPTIONS = {
     "no_triton_gemm": {"xla_gpu_enable_triton_gemm": False},
     "no_command_buffer": {"xla_gpu_enable_command_buffer": ""},
 }
-_FEATURES = ("baseline", "guard_cond", "guard_where", "embed_gather", "word_bf16",
-             "full_last_layer", "gelu_saved", "ln_saved") + _ATTENTION_FEATURES + tuple(_COMPILER_OPTIONS)
+_FEATURES = (("baseline", "guard_cond", "guard_where", "embed_gather", "word_bf16",
+              "full_last_layer", "gelu_saved", "ln_saved", "pointwise_remat")
+             + _ATTENTION_FEATURES + tuple(_COMPILER_OPTIONS))
 
 
 def _guard_where(finite, tx, grads, params, opt_state):
@@ -281,7 +286,10 @@ def _patched(variant: str):
   saved_rows = layers.embed_rows
   saved_activation = layers.remat_activation
   saved_norm = layers._RematLayerNorm
+  saved_pointwise = layers.remat_pointwise
   try:
+    if "pointwise_remat" in features:
+      layers.remat_pointwise = lambda: True
     if "ln_saved" in features:
       layers._RematLayerNorm = nn.LayerNorm
     if "gelu_saved" in features:
@@ -309,6 +317,7 @@ def _patched(variant: str):
     layers.embed_rows = saved_rows
     layers.remat_activation = saved_activation
     layers._RematLayerNorm = saved_norm
+    layers.remat_pointwise = saved_pointwise
 
 
 def _build(config, variant: str):

@@ -14,7 +14,7 @@
 #   ab       bench/ab_step.py, interleaved: VARIANTS (default this tree
 #            against the embedding lookups it replaced: bf16 word-table
 #            scatter; scatter-add gradients of the position and segment
-#            tables); e.g. VARIANTS=baseline,ln_saved+gelu_saved,dpa_lengths
+#            tables); e.g. VARIANTS=baseline,pointwise_remat,dpa_lengths
 #   profile  bench/profile_step.py: bertjax's step traced, its costliest GPU
 #            kernels listed (where the time beyond the matmuls goes)
 # Each run compiles its steps first: on an H200 (2026-11-26) bertjax's base

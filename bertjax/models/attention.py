@@ -101,7 +101,7 @@ def _context_mesh() -> jax.sharding.Mesh | None:
   return None if mesh.empty else mesh
 
 
-def _platform() -> str:
+def compile_platform() -> str:
   """The platform the step compiles for: the mesh's devices (a TPU topology
   when ``bertjax.aot`` compiles on a CPU host), else the default backend."""
   mesh = _context_mesh()
@@ -180,7 +180,7 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *,
     raise ValueError(f"attention_impl={impl!r} is unknown; use one of "
                      f"{', '.join(IMPLS)}.")
   dropout = dropout_rate > 0 and not deterministic
-  impl = resolve(impl, platform=_platform(), has_segments=segment_ids is not None,
+  impl = resolve(impl, platform=compile_platform(), has_segments=segment_ids is not None,
                  length=q.shape[1], dropout=dropout, dtype=dtype)
   if impl != "xla" and dropout:
     raise ValueError(
@@ -203,7 +203,7 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *,
 def _dot_product(q, k, v, mask, dtype):
   """``jax.nn.dot_product_attention``: cuDNN on a GPU in half precision."""
   half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-  kernel = "cudnn" if _platform() in ("gpu", "cuda") and half else "xla"
+  kernel = "cudnn" if compile_platform() in ("gpu", "cuda") and half else "xla"
   mask = jnp.broadcast_to(mask, (q.shape[0], mask.shape[1]) + mask.shape[2:])
   out = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=1.0,
                                      implementation=kernel)
@@ -233,7 +233,7 @@ def _splash(q, k, v, segment_ids, dtype):
   # Padding keys (-1) match no query, so a padding query's row is fully
   # masked: the uniform average of the reference.
   kv_seg = jnp.where(q_seg == 0, -1, q_seg)
-  interpret = _platform() != "tpu"
+  interpret = compile_platform() != "tpu"
   qkv = [jnp.swapaxes(x, 1, 2) for x in (q, k, v)]  # [batch, heads, len, d]
   body = functools.partial(_splash_local, interpret=interpret)
   mesh = _context_mesh()

@@ -138,18 +138,26 @@ def numerics(config: Any) -> dict[str, Any]:
 
 # LayerNorm whose backward pass recomputes its statistics from its input
 # instead of keeping normalised activations: the same values, fewer stored
-# activations (with remat_activation, a CPU base step about 2% faster and a
-# TPU pod's per-chip HBM a little lower; README, issue 17; bench/ab_step.py
-# ln_saved is the plain form).
+# activations (bench/ab_step.py ln_saved is the plain form).
 _RematLayerNorm = nn.remat(nn.LayerNorm)
+
+
+def remat_pointwise() -> bool:
+  """Whether the step being traced rematerialises its LayerNorms and
+  feed-forward activation: everywhere but on a GPU. Values are the same
+  either way. Measured (README, issue 17): on a TPU pod the per-chip HBM is a
+  little lower and a CPU base step about 2% faster with them; on an H200 a
+  bf16 base step is 2.5% slower (bench/ab_step.py pointwise_remat)."""
+  return attention_lib.compile_platform() not in ("gpu", "cuda")
 
 
 def layer_norm(dtype: Dtype, name: str | None,
                eps: float = LAYER_NORM_EPS) -> nn.Module:
   """BERT's LayerNorm (eps 1e-12 unless given) with ('embed',) scale and
-  bias, rematerialised (``_RematLayerNorm``): parameters ``scale`` and
-  ``bias`` as ``nn.LayerNorm``'s."""
-  return _RematLayerNorm(
+  bias, rematerialised where ``remat_pointwise()``: parameters ``scale`` and
+  ``bias`` as ``nn.LayerNorm``'s either way."""
+  cls = _RematLayerNorm if remat_pointwise() else nn.LayerNorm
+  return cls(
       epsilon=eps, dtype=dtype, param_dtype=jnp.float32,
       scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(),
                                               ("embed",)),
@@ -300,7 +308,7 @@ class Mlp(nn.Module):
     y = nn.Dense(self.mlp_dim, dtype=self.dtype, param_dtype=jnp.float32,
                  kernel_init=kernel_init("embed", "mlp"), dot_general=gathered("embed", "mlp"),
                  bias_init=zeros_init("mlp"), name="wi")(x)
-    y = remat_activation(self.activation)(y)
+    y = (remat_activation if remat_pointwise() else activation)(self.activation)(y)
     return nn.Dense(hidden, dtype=self.dtype, param_dtype=jnp.float32,
                     kernel_init=kernel_init("mlp", "embed"), dot_general=gathered("mlp", "embed"),
                     bias_init=zeros_init("embed"), name="wo")(y)
