@@ -450,8 +450,7 @@ def hf_mlm_flops(config) -> float:
   size = sizes.resolve(config)
   h = size.hidden_size
   tokens = int(config.batch_size) * int(config.seq_len)
-  encoder = flops._encoder_flops(  # pylint: disable=protected-access
-      size, int(config.seq_len), tokens)
+  encoder = flops.encoder_flops(size, int(config.seq_len), tokens)
   return encoder + 6.0 * (h * h + h * int(config.vocab_size)) * tokens
 
 

@@ -123,7 +123,7 @@ def step_flops(config) -> float:
     return _electra_flops(config, size, s, tokens, predictions)
   if config.get("model") == "xlnet":
     return _xlnet_flops(config, size, s, tokens, predictions)
-  total = _encoder_flops(size, s, tokens)
+  total = encoder_flops(size, s, tokens)
   if (config.get("model", "bert") == "bert" and config.get("sparse_last_layer", False)
       and not config.get("scan_layers", False)):
     rows = predictions + b * int(bool(config.get("sentence_head", True)))
@@ -156,7 +156,7 @@ def _disentangled_flops(config, h: int, s: int, tokens: int) -> float:
   return terms * (6.0 * tokens * rows * h + 6.0 * rows * h * h)
 
 
-def _encoder_flops(size: sizes.Size, seq_len: int, tokens: int) -> float:
+def encoder_flops(size: sizes.Size, seq_len: int, tokens: int) -> float:
   """Weight matmuls and attention of one encoder stack, forward + backward."""
   h, f, layers = size.hidden_size, size.mlp_dim, size.num_layers
   return (6.0 * layers * (4 * h * h + 2 * h * f) * tokens
@@ -171,7 +171,7 @@ def _electra_flops(config, size: sizes.Size, seq_len: int, tokens: int,
   from bertjax.models import electra
   gen = electra.generator_size(config)
   e, h, g = int(config.embedding_size), size.hidden_size, gen.hidden_size
-  total = _encoder_flops(size, seq_len, tokens) + _encoder_flops(gen, seq_len, tokens)
+  total = encoder_flops(size, seq_len, tokens) + encoder_flops(gen, seq_len, tokens)
   total += 6.0 * e * (h * (e != h) + g * (e != g)) * tokens
   total += 6.0 * (g * e + e * int(config.vocab_size)) * predictions
   total += 6.0 * (h * h + h) * tokens
@@ -198,7 +198,7 @@ def _xlnet_flops(config, size: sizes.Size, seq_len: int, tokens: int,
   unused = (6.0 * (2 * h * h + 2 * h * f) * tokens
             + 12.0 * h * (seq_len + memory) * tokens
             + 6.0 * tokens * (rows + 2) * h)
-  return (_encoder_flops(size, seq_len, tokens) + layers * per_layer - unused
+  return (encoder_flops(size, seq_len, tokens) + layers * per_layer - unused
           + 6.0 * h * int(config.vocab_size) * predictions)
 
 
