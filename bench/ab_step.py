@@ -255,9 +255,7 @@ def _attend_by_lengths(q, k, v, mask, doc_ids, dtype):
   tree's masked path."""
   if doc_ids is None:
     return attention_lib.attend(q, k, v, mask, impl="dot_product", dtype=dtype)
-  half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-  kernel = ("cudnn" if attention_lib.compile_platform() in ("gpu", "cuda") and half
-            else "xla")
+  kernel = attention_lib.dot_product_kernel(dtype)
   lengths = jnp.sum(doc_ids != 0, axis=1).astype(jnp.int32)
   out = jax.nn.dot_product_attention(
       q, k, v, scale=float(q.shape[-1]) ** -0.5, query_seq_lengths=lengths,

@@ -111,6 +111,21 @@ def compile_platform() -> str:
   return jax.default_backend()
 
 
+def compiles_for_gpu() -> bool:
+  """Whether the step being traced compiles for a GPU (``compile_platform``)."""
+  return compile_platform() in ("gpu", "cuda")
+
+
+def _half(dtype: Dtype) -> bool:
+  return jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+def dot_product_kernel(dtype: Dtype) -> str:
+  """``jax.nn.dot_product_attention``'s implementation for ``dtype``: cuDNN
+  when compiling for a GPU in half precision, else XLA."""
+  return "cudnn" if _half(dtype) and compiles_for_gpu() else "xla"
+
+
 def resolve(impl: str, *, platform: str, has_segments: bool, length: int,
             dropout: bool, dtype: Dtype) -> str:
   """The kernel ``auto`` stands for (other names come back unchanged).
@@ -129,8 +144,7 @@ def resolve(impl: str, *, platform: str, has_segments: bool, length: int,
     return "xla"
   if platform == "tpu" and has_segments and length % SPLASH_BLOCK == 0:
     return "splash"
-  if platform in ("gpu", "cuda") and jnp.dtype(dtype) in (
-      jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+  if platform in ("gpu", "cuda") and _half(dtype):
     return "dot_product"
   return "xla"
 
@@ -202,8 +216,7 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *,
 
 def _dot_product(q, k, v, mask, dtype):
   """``jax.nn.dot_product_attention``: cuDNN on a GPU in half precision."""
-  half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-  kernel = "cudnn" if compile_platform() in ("gpu", "cuda") and half else "xla"
+  kernel = dot_product_kernel(dtype)
   mask = jnp.broadcast_to(mask, (q.shape[0], mask.shape[1]) + mask.shape[2:])
   out = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=1.0,
                                      implementation=kernel)

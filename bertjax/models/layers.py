@@ -148,7 +148,7 @@ def remat_pointwise() -> bool:
   either way. Measured (README, issue 17): on a TPU pod the per-chip HBM is a
   little lower and a CPU base step about 2% faster with them; on an H200 a
   bf16 base step is 2.5% slower (bench/ab_step.py pointwise_remat)."""
-  return attention_lib.compile_platform() not in ("gpu", "cuda")
+  return not attention_lib.compiles_for_gpu()
 
 
 def layer_norm(dtype: Dtype, name: str | None,
