@@ -110,3 +110,18 @@ def test_demo_dataset_is_deterministic_and_split_disjoint(corpus, demo_data):
   assert n_val >= 24
   # The hold-out is a function of the document name alone.
   assert all(python_docs.is_validation(i) for i in built["validation"])
+
+
+def test_corpus_is_parsed_once_per_process_and_served_as_fresh_lists(corpus, monkeypatch):
+  first = list(python_docs.documents())  # the cached copy (the fixture parsed it)
+  parsed, real_parse = [], python_docs.ast.parse
+  monkeypatch.setattr(python_docs.ast, "parse",
+                      lambda *a, **k: parsed.append(a) or real_parse(*a, **k))
+  again = list(python_docs.documents())
+  assert again == first == corpus and not parsed
+  again[0][1].append("A sentence added by the caller.")
+  assert list(python_docs.documents())[0] == corpus[0]
+  train = [n for n, _ in python_docs.documents("train")]
+  held_out = [n for n, _ in python_docs.documents("validation")]
+  assert sorted(train + held_out) == sorted(n for n, _ in corpus) and not parsed
+  assert all(python_docs.is_validation(n) for n in held_out)

@@ -19,6 +19,7 @@ is identical on every run of the same Python version.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import inspect
 import os
@@ -184,6 +185,20 @@ def is_validation(name: str, fraction: float = VALIDATION_FRACTION) -> bool:
   return int.from_bytes(digest[:8], "big") < fraction * 2**64
 
 
+@functools.lru_cache(maxsize=1)
+def _all_documents() -> tuple[tuple[str, tuple[str, ...]], ...]:
+  """Every (document id, sentences) of the corpus, parsed once per process:
+  reading the stdlib's docstrings takes seconds, and preparing, the fine-tuning
+  demo tasks and the tests all read the corpus. Immutable, so that the cached
+  copy stays as read."""
+  out = []
+  for name, paragraphs in (*topic_documents(), *module_documents()):
+    sents = tuple(s for p in paragraphs for s in sentences_lib.split_paragraph(p))
+    if sents:
+      out.append((name, sents))
+  return tuple(out)
+
+
 def documents(split: str | None = None) -> Iterator[tuple[str, list[str]]]:
   """(document id, sentences) of the demo corpus in a fixed order.
 
@@ -191,13 +206,12 @@ def documents(split: str | None = None) -> Iterator[tuple[str, list[str]]]:
     split: 'train', 'validation', or None for both.
 
   Yields:
-    The document id (``topic:...`` / ``module:...``) and its sentences.
+    The document id (``topic:...`` / ``module:...``) and its sentences (a
+    fresh list each time).
   """
   if split not in (None, "train", "validation"):
     raise ValueError(f"Unknown split {split!r} of the demo corpus; use 'train' or 'validation'.")
-  for name, paragraphs in (*topic_documents(), *module_documents()):
+  for name, sents in _all_documents():
     if split is not None and is_validation(name) != (split == "validation"):
       continue
-    sents = [s for p in paragraphs for s in sentences_lib.split_paragraph(p)]
-    if sents:
-      yield name, sents
+    yield name, list(sents)
