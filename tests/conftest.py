@@ -1,6 +1,7 @@
 """Test set-up: 8 fake CPU devices (before JAX is imported) and shared fixtures."""
 
 import atexit
+import cProfile
 import os
 import shutil
 import tempfile
@@ -19,6 +20,25 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import pytest  # noqa: E402
+
+# BERTJAX_TEST_PROFILE=DIR: each test process writes where its time went
+# (cProfile, DIR/<worker>.prof; read with pstats, e.g. sorted by cumulative
+# time) -- how the README's account of the suite's time was made.
+_PROFILE = cProfile.Profile() if os.environ.get("BERTJAX_TEST_PROFILE") else None
+
+
+def pytest_sessionstart(session):
+  if _PROFILE is not None:
+    _PROFILE.enable()
+
+
+def pytest_sessionfinish(session):
+  if _PROFILE is not None:
+    _PROFILE.disable()
+    out = os.environ["BERTJAX_TEST_PROFILE"]
+    os.makedirs(out, exist_ok=True)
+    name = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    _PROFILE.dump_stats(os.path.join(out, f"{name}.prof"))
 
 
 @pytest.fixture(scope="session")
