@@ -55,6 +55,10 @@ A variant is a ``+``-joined set of features (``qkv_fused+heads_major``):
   gelu_saved   the feed-forward activation without ``jax.checkpoint``: its
                forward keeps what its backward reuses, as before
                ``layers.remat_activation``.
+  gelu_erfc    the exact GELU as ``jax.nn.gelu(approximate=False)``, whose
+               normal CDF is computed with ``erfc``, as before
+               ``layers.gelu_erf`` (``erf``); its first update matches to
+               float rounding only.
   ln_saved     the LayerNorms as plain ``nn.LayerNorm`` (normalised values
                kept for the backward pass), as before ``layers.layer_norm``
                became rematerialised. gelu_saved and ln_saved change nothing
@@ -137,7 +141,8 @@ _COMPILER_OPTIONS = {
     "no_command_buffer": {"xla_gpu_enable_command_buffer": ""},
 }
 _FEATURES = (("baseline", "guard_cond", "guard_where", "embed_gather", "word_bf16",
-              "full_last_layer", "gelu_saved", "ln_saved", "pointwise_remat")
+              "full_last_layer", "gelu_saved", "gelu_erfc", "ln_saved",
+              "pointwise_remat")
              + _ATTENTION_FEATURES + tuple(_COMPILER_OPTIONS))
 
 
@@ -284,6 +289,7 @@ def _patched(variant: str):
   saved_lookup = bert_model._one_hot_lookup
   saved_rows = layers.embed_rows
   saved_activation = layers.remat_activation
+  saved_gelu = layers.ACTIVATIONS["gelu"]
   saved_norm = layers._RematLayerNorm
   saved_pointwise = layers.remat_pointwise
   try:
@@ -293,6 +299,8 @@ def _patched(variant: str):
       layers._RematLayerNorm = nn.LayerNorm
     if "gelu_saved" in features:
       layers.remat_activation = layers.activation
+    if "gelu_erfc" in features:
+      layers.ACTIVATIONS["gelu"] = lambda x: nn.gelu(x, approximate=False)
     if "guard_where" in features:
       guards.update_if_finite = _guard_where
     if "guard_cond" in features:  # the cond: the tree's own guard
@@ -315,6 +323,7 @@ def _patched(variant: str):
     bert_model._one_hot_lookup = saved_lookup
     layers.embed_rows = saved_rows
     layers.remat_activation = saved_activation
+    layers.ACTIVATIONS["gelu"] = saved_gelu
     layers._RematLayerNorm = saved_norm
     layers.remat_pointwise = saved_pointwise
 

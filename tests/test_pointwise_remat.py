@@ -83,3 +83,26 @@ def test_remat_and_plain_forms_have_one_tree_and_the_same_values(monkeypatch):
                          / max(float(jnp.max(jnp.abs(b))), 1e-4 * scale)),
       g_remat, g_plain)))
   assert worst < 1e-5, worst
+
+
+def test_exact_gelu_and_its_derivative_match_the_normal_cdf_in_float64():
+  # layers.gelu_erf is x * Phi(x) through erf (cheaper than jax.nn.gelu's
+  # erfc); the reference is scipy's normal CDF and density in float64, and
+  # the derivative is d/dx x Phi(x) = Phi(x) + x phi(x).
+  from scipy import stats
+  x64 = np.concatenate([np.linspace(-12.0, 12.0, 4001),
+                        np.random.default_rng(0).normal(0.0, 3.0, 4000)])
+  x = jnp.asarray(x64, jnp.float32)
+  ref = x64 * stats.norm.cdf(x64)
+  ref_grad = stats.norm.cdf(x64) + x64 * stats.norm.pdf(x64)
+  got = np.asarray(layers.gelu_erf(x), np.float64)
+  got_grad = np.asarray(jax.vmap(jax.grad(layers.gelu_erf))(x), np.float64)
+  # float32 inputs: a few ulps of |x| at most (|x| <= 12 here), and no more
+  # than float32 rounding of the value itself.
+  np.testing.assert_allclose(got, ref, rtol=2e-6, atol=2e-6)
+  np.testing.assert_allclose(got_grad, ref_grad, rtol=2e-6, atol=2e-6)
+  # The config's 'gelu' is this function, also under jax.checkpoint.
+  assert layers.activation("gelu") is layers.gelu_erf
+  remat_grad = jax.vmap(jax.grad(layers.remat_activation("gelu")))(x)
+  np.testing.assert_allclose(np.asarray(remat_grad, np.float64), ref_grad,
+                             rtol=2e-6, atol=2e-6)

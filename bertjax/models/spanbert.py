@@ -80,7 +80,7 @@ class SboHead(nn.Module):
       x = nn.Dense(width, dtype=self.dtype, param_dtype=jnp.float32,
                    kernel_init=layers.kernel_init("embed", None),
                    bias_init=layers.zeros_init(None), name=f"dense_{i}")(x)
-      x = nn.gelu(x, approximate=False)
+      x = layers.gelu_erf(x)
       x = layers.layer_norm(self.dtype, f"layer_norm_{i}")(x)
     bias = self.param("output_bias", layers.zeros_init("vocab"),
                       (self.vocab_size,), jnp.float32)
