@@ -82,10 +82,16 @@ def test_cloze_qa_trains_above_the_untrained_model(pretrained, tmp_path):
   assert (tmp_path / "trained" / "best_checkpoint" / "best.json").exists()
 
 
-def test_resume_is_exact(pretrained, tmp_path):
+def test_resume_is_exact(pretrained, tmp_path, monkeypatch):
   kw = dict(seq_len=32, batch_size=16, num_epochs=2.0, max_train_examples=48,
             max_eval_examples=32, learning_rate=1e-3, log_every_steps=1)
+  built, real_predict_step = [], loop.predict_step
+  monkeypatch.setattr(loop, "predict_step",
+                      lambda *a: built.append(real_predict_step(*a)) or built[-1])
   whole = loop.run(_finetune_config("coherence", **kw), pretrained, str(tmp_path / "whole"))
+  # Two evaluations (one an epoch) through one prediction step, traced once.
+  assert len(list(tmp_path.glob("whole/eval_*.json"))) == 2
+  assert len(built) == 1 and built[0]._cache_size() == 1
   assert loop.run(_finetune_config("coherence", **kw), pretrained, str(tmp_path / "cut"),
                   stop_at_step=4) is None  # stopped mid-epoch, after an epoch's evaluation
   resumed = loop.run(_finetune_config("coherence", **kw), pretrained, str(tmp_path / "cut"))

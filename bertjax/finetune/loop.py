@@ -33,7 +33,7 @@ import json
 import os
 import re
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -207,8 +207,11 @@ def _check(config) -> None:
 
 
 # ------------------------------------------------------------------ evaluation
-def predict(model, params, feats, kind: str, batch_size: int, mesh) -> np.ndarray:
-  """Head logits of every feature row (float32, leading axis = rows)."""
+def predict_step(model, kind: str) -> Callable[[Any, dict[str, jax.Array]], jax.Array]:
+  """The jitted map from (params, device batch) to the head's logits. A run
+  builds it once, so that every evaluation after the first reuses its traced
+  and compiled program (one built per evaluation was traced and compiled
+  again each epoch)."""
   @jax.jit
   def step(p, batch):
     out = model.apply({"params": p}, objective_lib.model_inputs(batch), deterministic=True)
@@ -216,6 +219,12 @@ def predict(model, params, feats, kind: str, batch_size: int, mesh) -> np.ndarra
       return jnp.stack(objective_lib.span_logits(out["logits"], batch["context_mask"]), -1)
     return out["logits"]
 
+  return step
+
+
+def predict(step, params, feats, kind: str, batch_size: int, mesh) -> np.ndarray:
+  """Head logits of every feature row (float32, leading axis = rows), by
+  ``step`` (``predict_step``) a batch at a time."""
   n = len(feats["tokens"])
   outs = []
   with mesh:
@@ -353,6 +362,7 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
 
   step_fn = train.make_train_step(model, objective, tx, shardings, mesh,
                                   debug_nan_step=cfg.get("debug_nan_step", -1))
+  predict_fn = predict_step(model, task.kind)
   nonfinite = guards.NonFiniteGuard(cfg.get("nonfinite", "stop"),
                                     cfg.get("max_consecutive_skips", 10))
   rng = jax.random.key(cfg.seed)
@@ -397,7 +407,7 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
           checkpointer.save(step, state, it.get_state(), cfg, fingerprint)
           writer.flush()  # a run resumed from here finds every row up to it
         if epoch_end:
-          record = evaluate(cfg, task, model, state.params, eval_feats, mesh, step,
+          record = evaluate(cfg, task, predict_fn, state.params, eval_feats, mesh, step,
                             workdir_path, writer)
           best.offer(step, -record[cfg.main_metric], state, it.get_state(), cfg, fingerprint)
       check_previous()
@@ -409,7 +419,7 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
     logging.info("Stopped at step %d with a checkpoint; run again to resume.", step)
     return None
   if record is None:  # resumed after the last step: evaluate once more
-    record = evaluate(cfg, task, model, state.params, eval_feats, mesh, step,
+    record = evaluate(cfg, task, predict_fn, state.params, eval_feats, mesh, step,
                       workdir_path, None)
   record["skipped_steps"] = nonfinite.total
   record["best"] = {"step": best.best["step"], cfg.main_metric: -best.best["loss"]}
@@ -441,10 +451,11 @@ def _initial_state(model, tx, cfg, shardings, loaded, mesh):
                               params=params, opt_state=opt_state)
 
 
-def evaluate(cfg, task, model, params, eval_feats, mesh, step: int,
+def evaluate(cfg, task, predict_fn, params, eval_feats, mesh, step: int,
              workdir: epath.Path, writer) -> dict[str, Any]:
-  """Scores the eval split; writes eval_<step>.json and predictions_<split>.jsonl."""
-  logits = predict(model, params, eval_feats, task.kind, cfg.batch_size, mesh)
+  """Scores the eval split with ``predict_fn`` (``predict_step``); writes
+  eval_<step>.json and predictions_<split>.jsonl."""
+  logits = predict(predict_fn, params, eval_feats, task.kind, cfg.batch_size, mesh)
   scores, records = score(task, task.eval, eval_feats, logits, cfg)
   record = {"step": step, "epoch": round(step / cfg.steps_per_epoch, 3), **scores,
             "main_metric": cfg.main_metric, "num_examples": len(task.eval)}
