@@ -47,12 +47,29 @@ def eval_step(params, batch, rng, *, model, objective, vocab_size: int):
   return metrics, counts
 
 
+def make_eval_step(config, mesh, model, objective):
+  """The jitted, sharded eval step (``eval_step``) for ``evaluate_params``.
+
+  A training run builds it once: every evaluation after the first then reuses
+  its traced and compiled program, where one built per evaluation was traced
+  and compiled again at every ``eval_every_steps``.
+  """
+  return jax.jit(
+      sharding.with_rules(functools.partial(
+          eval_step, model=model, objective=objective,
+          vocab_size=config.vocab_size), mesh),
+      in_shardings=(None, sharding.batch_sharding(mesh), sharding.replicated(mesh)),
+      out_shardings=sharding.replicated(mesh))
+
+
 def evaluate_params(config, params, prepared, mesh, model, objective, *,
-                    should_stop=None) -> dict[str, Any] | None:
+                    should_stop=None, step_fn=None) -> dict[str, Any] | None:
   """Evaluates ``params`` on ``config.eval_split``; returns the record.
 
   ``should_stop``: checked before each batch; when it returns True the
   evaluation is abandoned and None returned (a preempted run).
+  ``step_fn``: ``make_eval_step``'s step, reused across evaluations; None
+  builds one for this call.
   """
   from bertjax import train  # the host->global batch helper lives with the loop
   local_batch = config.batch_size // jax.process_count()
@@ -60,12 +77,8 @@ def evaluate_params(config, params, prepared, mesh, model, objective, *,
       config, prepared.source(config.eval_split), local_batch_size=local_batch,
       process_index=jax.process_index(), process_count=jax.process_count(),
       max_batches=config.eval_max_batches)
-  step_fn = jax.jit(
-      sharding.with_rules(functools.partial(
-          eval_step, model=model, objective=objective,
-          vocab_size=config.vocab_size), mesh),
-      in_shardings=(None, sharding.batch_sharding(mesh), sharding.replicated(mesh)),
-      out_shardings=sharding.replicated(mesh))
+  if step_fn is None:
+    step_fn = make_eval_step(config, mesh, model, objective)
   rng = jax.random.key(config.eval_seed)
   sums, counts = None, None
   with mesh:

@@ -382,6 +382,7 @@ def _train_and_evaluate(config, workdir, stop_at_step, preemption):
   step_fn = make_train_step(model, objective, tx, shardings, mesh,
                             debug_nan_step=config.debug_nan_step,
                             microbatches=config.microbatches)
+  eval_fn = evaluation.make_eval_step(config, mesh, model, objective)
   rng = jax.random.key(config.seed)
   writer = metrics_lib.MetricWriter(workdir)
   progress = _Progress(config, step)
@@ -427,7 +428,8 @@ def _train_and_evaluate(config, workdir, stop_at_step, preemption):
         if not stopping and config.eval_every_steps and (
             step % config.eval_every_steps == 0):
           record = evaluation.evaluate_params(config, state.params, prepared, mesh,
-                                              model, objective, should_stop=eval_stop)
+                                              model, objective, should_stop=eval_stop,
+                                              step_fn=eval_fn)
           if record is None:  # SIGTERM during the evaluation
             stopping = True
             if saved_step != step:
@@ -451,8 +453,9 @@ def _train_and_evaluate(config, workdir, stop_at_step, preemption):
     logging.info("Stopped at step %d with a checkpoint; run again to resume.", step)
     return None
 
-  record = evaluation.evaluate_params(config, state.params, prepared, mesh, model,
-                                      objective, should_stop=eval_stop)
+  with mesh:  # the periodic evaluations' context, so eval_fn is not traced again
+    record = evaluation.evaluate_params(config, state.params, prepared, mesh, model,
+                                        objective, should_stop=eval_stop, step_fn=eval_fn)
   if record is None:
     raise guards.Preempted.during_final_evaluation(step)
   record = {"step": step, **record}

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from bertjax import checkpointing
+from bertjax import evaluation
 from bertjax import guards
 from bertjax import models
 from bertjax import objectives
@@ -211,10 +212,16 @@ def test_restore_onto_another_mesh(tmp_path, demo_config, demo_data, save_shape,
 
 
 def test_best_checkpoint_by_held_out_loss_is_kept_apart(tmp_path, demo_config,
-                                                        demo_data):
+                                                        demo_data, monkeypatch):
   config = run_config(demo_config, demo_data, num_train_steps=12,
                       eval_every_steps=4, keep_checkpoints=1)
+  built, real_make = [], evaluation.make_eval_step
+  monkeypatch.setattr(evaluation, "make_eval_step",
+                      lambda *a: built.append(real_make(*a)) or built[-1])
   train.train_and_evaluate(config, str(tmp_path))
+  # Four evaluations (steps 4, 8, 12 and the final one) through one eval
+  # step, traced and compiled once.
+  assert len(built) == 1 and built[0]._cache_size() == 1
   evals = {r["step"]: r["eval_loss"] for r in read_metrics(str(tmp_path))
            if "eval_loss" in r and r["step"] in (4, 8, 12)}
   assert sorted(evals) == [4, 8, 12]
