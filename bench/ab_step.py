@@ -43,6 +43,12 @@ A variant is a ``+``-joined set of features (``qkv_fused+heads_major``):
                on a GPU, cuDNN's padding mask in place of a dense bias read
                for every head. Right only for rows of one document and
                trailing padding, as ``step_bench``'s batch is.
+  batch_split  the attention core (scores, softmax, weighted values) run
+               as two independent halves of the batch: XLA:CPU runs each
+               batched product on one core, so two independent chains may
+               run side by side.
+  scale_logits the 1/sqrt(d) scale applied to the float32 scores after
+               q k^T instead of to the queries before it.
   embed_gather the position and segment tables read by gather (their
                gradient a scatter-add), as before the one-hot lookup.
   word_bf16    the word table read by ``nn.Embed(dtype)``: cast whole to the
@@ -121,7 +127,7 @@ _ROUNDS = flags.DEFINE_integer("rounds", 9, "Interleaved timed rounds.")
 _WARMUP = flags.DEFINE_integer("ab_warmup", 2, "Untimed steps per variant.")
 
 _ATTENTION_FEATURES = ("flat2d", "qkv_fused", "heads_major", "mask_bias", "dpa",
-                       "dpa_lengths")
+                       "dpa_lengths", "batch_split", "scale_logits")
 # XLA:CPU compile options for the step alone (the same program, compiled
 # otherwise): YNNPACK's library dot fusions off (Eigen runs every dot), and
 # fast math with NaN, Inf and division semantics kept (the non-finite guard
@@ -232,9 +238,21 @@ class _VariantAttention(layers.MultiHeadAttention):
         out = jax.nn.dot_product_attention(q, k, v, mask=mask,
                                            implementation="xla")
       return jnp.einsum("blhd,hde->ble", out, wo.astype(dt)) + bo.astype(dt)
-    q = q / jnp.sqrt(d).astype(q.dtype)
+    if "batch_split" in f:
+      # Two independent halves of the batch: chains the runtime can run
+      # side by side, each batched product on its own core.
+      half = q.shape[0] // 2
+      outs = [attention_lib.attend(q[s], k[s], v[s], mask[s] if mask.shape[0] > 1 else mask,
+                                   dtype=dt)
+              for s in (slice(0, half), slice(half, None))]
+      out = jnp.concatenate(outs, axis=0)
+      return jnp.einsum("bqhd,hde->bqe", out, wo.astype(dt)) + bo.astype(dt)
+    if "scale_logits" not in f:
+      q = q / jnp.sqrt(d).astype(q.dtype)
     spec = "bhqd,bhkd->bhqk" if heads_major else "bqhd,bkhd->bhqk"
     logits = jnp.einsum(spec, q, k, preferred_element_type=jnp.float32)
+    if "scale_logits" in f:
+      logits = logits * (1.0 / float(d) ** 0.5)
     if "mask_bias" in f:
       logits = logits + mask
     else:
