@@ -49,6 +49,12 @@ A variant is a ``+``-joined set of features (``qkv_fused+heads_major``):
                run side by side.
   scale_logits the 1/sqrt(d) scale applied to the float32 scores after
                q k^T instead of to the queries before it.
+  optax_clip   gradient clipping by ``optax.clip_by_global_norm`` (each
+               element divided by the norm, which XLA keeps out of the fusions
+               that read it: a divided copy of every gradient is written and
+               read twice; the norm computed again inside the guard), as
+               before ``optim.clip_by_global_norm``; its first update matches
+               to float rounding only when it clips.
   embed_gather the position and segment tables read by gather (their
                gradient a scatter-add), as before the one-hot lookup.
   word_bf16    the word table read by ``nn.Embed(dtype)``: cast whole to the
@@ -104,6 +110,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from absl import app
 from absl import flags
 
@@ -146,17 +153,17 @@ _COMPILER_OPTIONS = {
     "no_triton_gemm": {"xla_gpu_enable_triton_gemm": False},
     "no_command_buffer": {"xla_gpu_enable_command_buffer": ""},
 }
-_FEATURES = (("baseline", "guard_cond", "guard_where", "embed_gather", "word_bf16",
+_FEATURES = (("baseline", "guard_cond", "guard_where", "optax_clip", "embed_gather", "word_bf16",
               "full_last_layer", "gelu_saved", "gelu_erfc", "ln_saved",
               "pointwise_remat")
              + _ATTENTION_FEATURES + tuple(_COMPILER_OPTIONS))
 
 
-def _guard_where(finite, tx, grads, params, opt_state):
+def _guard_where(finite, tx, grads, params, opt_state, grad_norm=None):
   """``guards.update_if_finite`` as selects over the updated and old trees."""
-  import optax
+  extra = {} if grad_norm is None else {"grad_norm": grad_norm}
   with jax.named_scope("optimizer"):
-    updates, new_opt_state = tx.update(grads, opt_state, params)
+    updates, new_opt_state = tx.update(grads, opt_state, params, **extra)
     new_params = optax.apply_updates(params, updates)
   with jax.named_scope("nonfinite_guard"):
     return jax.tree.map(lambda new, old: jnp.where(finite, new, old),
@@ -310,7 +317,10 @@ def _patched(variant: str):
   saved_gelu = layers.ACTIVATIONS["gelu"]
   saved_norm = layers._RematLayerNorm
   saved_pointwise = layers.remat_pointwise
+  saved_clip = optim.clip_by_global_norm
   try:
+    if "optax_clip" in features:
+      optim.clip_by_global_norm = optax.clip_by_global_norm
     if "pointwise_remat" in features:
       layers.remat_pointwise = lambda: True
     if "ln_saved" in features:
@@ -344,6 +354,7 @@ def _patched(variant: str):
     layers.ACTIVATIONS["gelu"] = saved_gelu
     layers._RematLayerNorm = saved_norm
     layers.remat_pointwise = saved_pointwise
+    optim.clip_by_global_norm = saved_clip
 
 
 def _build(config, variant: str):

@@ -14,6 +14,12 @@ with constant finite gradients. The guards:
          before: XLA copies every donated optimizer-state buffer that the
          update writes in place while the select still reads it.
   none   the update with no guard: the floor.
+  cond_optax_clip  the cond, with clipping by ``optax.clip_by_global_norm``
+         (a divided copy of every gradient, and the norm computed again
+         inside the cond), as before ``optim.clip_by_global_norm``.
+
+Every form but cond_optax_clip is given the gradient norm computed for the
+finiteness test, as the train step passes it on to the clipping.
 
 Prints one JSON line: per guard the median seconds of a call and the ratio
 to the first guard listed. No train step runs, so the figures are the
@@ -53,15 +59,26 @@ _GUARDS = flags.DEFINE_list("guards", ["cond", "where", "none"],
 _ROUNDS = flags.DEFINE_integer("update_rounds", 30, "Interleaved timed rounds.")
 
 
-def _none(finite, tx, grads, params, opt_state):
+def _none(finite, tx, grads, params, opt_state, grad_norm=None):
   del finite
-  updates, opt_state = tx.update(grads, opt_state, params)
+  updates, opt_state = tx.update(grads, opt_state, params, grad_norm=grad_norm)
   return optax.apply_updates(params, updates), opt_state
 
 
 _FORMS = {"cond": guards.update_if_finite,
           "where": ab_step._guard_where,  # pylint: disable=protected-access
-          "none": _none}
+          "none": _none,
+          "cond_optax_clip": guards.update_if_finite}
+
+
+def _optax_clip_optimizer(config):
+  """The config's optimizer with ``optax.clip_by_global_norm``."""
+  saved = optim.clip_by_global_norm
+  optim.clip_by_global_norm = optax.clip_by_global_norm
+  try:
+    return optim.make_optimizer(config)
+  finally:
+    optim.clip_by_global_norm = saved
 
 
 def main(argv):
@@ -78,10 +95,15 @@ def main(argv):
                                           config, mesh)
   grads = jax.tree.map(lambda p: jnp.full_like(p, 1e-3), state.params)
   steps, boxes = {}, {}
+  old_tx = _optax_clip_optimizer(config)
   for name in _GUARDS.value:
-    def update(params, opt_state, grads, form=_FORMS[name]):
-      finite = jnp.isfinite(optax.global_norm(grads))
-      return form(finite, tx, grads, params, opt_state)
+    def update(params, opt_state, grads, form=_FORMS[name],
+               old=name == "cond_optax_clip"):
+      norm = optax.global_norm(grads)
+      finite = jnp.isfinite(norm)
+      if old:
+        return form(finite, old_tx, grads, params, opt_state)
+      return form(finite, tx, grads, params, opt_state, norm)
     steps[name] = jax.jit(update, donate_argnums=(0, 1))
     boxes[name] = jax.tree.map(jnp.copy, (state.params, state.opt_state))
 

@@ -144,7 +144,7 @@ class NonFiniteGuard:
           f"(last at step {step}); lower --config.learning_rate or check the data.")
 
 
-def update_if_finite(finite, tx, grads, params, opt_state):
+def update_if_finite(finite, tx, grads, params, opt_state, grad_norm=None):
   """The optimizer update of the train step, applied only when ``finite``.
 
   One ``lax.cond`` around the update rather than selects (``jnp.where``) over
@@ -160,6 +160,9 @@ def update_if_finite(finite, tx, grads, params, opt_state):
     finite: bool scalar; False leaves params and optimizer state unchanged.
     tx: the optax GradientTransformation.
     grads, params, opt_state: pytrees (inside the jitted step).
+    grad_norm: None, or the global norm of ``grads`` the step has computed,
+      passed on to ``tx.update`` (``optim.clip_by_global_norm`` then need not
+      read every gradient again to compute it).
 
   Returns:
     (params, opt_state) after the update, or the inputs when not ``finite``.
@@ -167,13 +170,16 @@ def update_if_finite(finite, tx, grads, params, opt_state):
   import jax
   import optax
 
+  takes_extra = isinstance(tx, optax.GradientTransformationExtraArgs)
+  extra = {"grad_norm": grad_norm} if grad_norm is not None and takes_extra else {}
+
   def update(operands):
-    g, p, o = operands
+    g, p, o, e = operands
     # Named scopes label the parts in profiles (bench/profile_step.py).
     with jax.named_scope("optimizer"):
-      updates, o = tx.update(g, o, p)
+      updates, o = tx.update(g, o, p, **e)
       return optax.apply_updates(p, updates), o
 
   with jax.named_scope("nonfinite_guard"):
-    return jax.lax.cond(finite, update, lambda operands: operands[1:],
-                        (grads, params, opt_state))
+    return jax.lax.cond(finite, update, lambda operands: operands[1:3],
+                        (grads, params, opt_state, extra))

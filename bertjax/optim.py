@@ -19,6 +19,7 @@ optax's parts.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import optax
 
 OPTIMIZERS = ("adamw", "lamb")
@@ -47,8 +48,38 @@ def decay_mask(params):
   return jax.tree_util.tree_map_with_path(decays, params)
 
 
-def make_optimizer(config) -> optax.GradientTransformation:
+def clip_by_global_norm(max_norm: float) -> optax.GradientTransformationExtraArgs:
+  """Clipping to global norm ``max_norm``, as ``optax.clip_by_global_norm``,
+  by one multiply with a scalar.
+
+  Every gradient is multiplied by ``s = 1`` when the global norm is below
+  ``max_norm`` (so unclipped steps are bit-identical to optax's, which keeps
+  them unchanged) and by ``s = max_norm / norm`` otherwise (optax divides each
+  element by the norm, then multiplies by ``max_norm``: the same value to
+  float rounding). The reason is memory traffic: XLA keeps a per-element
+  division out of the fusions that read it twice, so optax's form writes a
+  divided copy of every gradient and reads it in both Adam moments' updates,
+  while a multiply by a scalar fuses into them (BERT-base: 440 MB written and
+  880 MB read less a step). The train step also passes the norm it has
+  computed already for the non-finite guard (``grad_norm``), which the
+  update, inside the guard's ``lax.cond``, could not share otherwise; without
+  it the norm is computed here.
+  """
+
+  def update_fn(updates, state, params=None, *, grad_norm=None, **extra_args):
+    del params, extra_args
+    norm = optax.global_norm(updates) if grad_norm is None else grad_norm
+    scale = jnp.where(norm < max_norm, jnp.ones_like(norm), max_norm / norm)
+    return jax.tree.map(lambda g: g * scale.astype(g.dtype), updates), state
+
+  return optax.GradientTransformationExtraArgs(optax.init_empty_state, update_fn)
+
+
+def make_optimizer(config) -> optax.GradientTransformationExtraArgs:
   """The config's optimizer: clip, AdamW or LAMB with the decay mask, scheduled lr.
+
+  Its ``update`` takes an optional ``grad_norm=`` (the gradients' global norm,
+  when the caller has it) for the clipping (``clip_by_global_norm``).
 
   Raises:
     ValueError: for an unknown ``config.optimizer``.
@@ -71,4 +102,4 @@ def make_optimizer(config) -> optax.GradientTransformation:
         optax.add_decayed_weights(config.weight_decay, mask=decay_mask),
         optax.masked(optax.scale_by_trust_ratio(), decay_mask),
         optax.scale_by_learning_rate(schedule))
-  return optax.chain(optax.clip_by_global_norm(config.grad_clip_norm), update)
+  return optax.chain(clip_by_global_norm(config.grad_clip_norm), update)

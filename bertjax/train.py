@@ -103,7 +103,7 @@ def train_step(state: state_lib.TrainState, batch: dict[str, jax.Array],
     grad_norm = optax.global_norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
   params, opt_state = guards.update_if_finite(finite, tx, grads, state.params,
-                                              state.opt_state)
+                                              state.opt_state, grad_norm)
   metrics = dict(metrics)
   metrics["grad_norm"] = (grad_norm, jnp.float32(1.0))
   metrics["skipped"] = (1.0 - finite.astype(jnp.float32), jnp.float32(1.0))

@@ -69,6 +69,72 @@ def test_lamb_update_norm_follows_the_weight_norm():
   assert norms[1] == pytest.approx(10 * norms[0], rel=1e-5)
 
 
+def _norm(tree) -> float:
+  """Global norm in float64, independent of the code under test."""
+  return float(np.sqrt(sum(np.sum(np.asarray(x, np.float64) ** 2)
+                           for x in jax.tree.leaves(tree))))
+
+
+@pytest.mark.parametrize("max_norm", [0.5, 1e9])
+def test_clip_by_global_norm_is_optaxs_clipping(max_norm):
+  import optax
+  _, grads = _params_and_grads()
+  assert 0.5 < _norm(grads) < 1e9  # the two cases: clipped, and not
+  ours, _ = optim.clip_by_global_norm(max_norm).update(grads, optax.EmptyState())
+  theirs, _ = optax.clip_by_global_norm(max_norm).update(grads, optax.EmptyState())
+  if max_norm > _norm(grads):
+    # Not clipped: multiplied by exactly 1, the gradients themselves.
+    jax.tree.map(np.testing.assert_array_equal, ours, grads)
+  else:
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6),
+                 ours, theirs)
+    assert _norm(ours) == pytest.approx(max_norm, rel=1e-6)
+
+
+def test_the_optimizer_clips_with_the_norm_it_is_given():
+  # The train step passes the norm it computed for the non-finite guard;
+  # the update must use that one, not compute its own. Given twice the true
+  # norm, a clipped update is half as long as given the true norm (Adam's
+  # first step divides that scale away, so test the clipping transform, then
+  # the plumbing through update_if_finite below).
+  _, grads = _params_and_grads()
+  clip = optim.clip_by_global_norm(0.5)
+  true = _norm(grads)
+  own, _ = clip.update(grads, None)
+  given, _ = clip.update(grads, None, grad_norm=jnp.float32(true))
+  doubled, _ = clip.update(grads, None, grad_norm=jnp.float32(2 * true))
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), own, given)
+  assert _norm(doubled) == pytest.approx(0.25, rel=1e-5)
+
+
+def test_update_if_finite_passes_the_norm_to_the_optimizer():
+  import optax
+  from bertjax import guards
+  params, grads = _params_and_grads()
+  config = _config("adamw")
+  config.grad_clip_norm = 0.5
+  tx = optim.make_optimizer(config)
+  opt_state = tx.init(params)
+  true = jnp.float32(_norm(grads))
+  finite = jnp.bool_(True)
+  run = lambda norm: guards.update_if_finite(finite, tx, grads, params, opt_state, norm)
+  p_true, o_true = run(true)
+  p_none, _ = run(None)  # computed inside: the same update
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), p_true, p_none)
+  # Adam's first moment is (1 - b1) * clipped gradient: a norm given as
+  # twice the true one halves it.
+  _, o_double = run(2 * true)
+  mu = lambda o: o[1][0].mu["dense"]["kernel"]
+  np.testing.assert_allclose(mu(o_double), 0.5 * mu(o_true), rtol=1e-5)
+  # A plain optax transformation (no extra arguments) still works.
+  plain = optax.sgd(0.1)
+  p_plain, _ = guards.update_if_finite(finite, plain, grads, params,
+                                       plain.init(params), true)
+  np.testing.assert_allclose(p_plain["dense"]["bias"],
+                             params["dense"]["bias"] - 0.1 * grads["dense"]["bias"],
+                             rtol=1e-6)
+
+
 def test_unknown_optimizer_is_a_one_line_error():
   with pytest.raises(ValueError, match="--config.optimizer"):
     optim.make_optimizer(_config("sgd"))
