@@ -47,8 +47,9 @@ A variant is a ``+``-joined set of features (``qkv_fused+heads_major``):
                as two independent halves of the batch: XLA:CPU runs each
                batched product on one core, so two independent chains may
                run side by side.
-  scale_logits the 1/sqrt(d) scale applied to the float32 scores after
-               q k^T instead of to the queries before it.
+  scale_queries  the 1/sqrt(d) scale applied to the queries before q k^T
+               instead of to the float32 scores after it, as before
+               2026-11-27 (``attention.attend``).
   optax_clip   gradient clipping by ``optax.clip_by_global_norm`` (each
                element divided by the norm, which XLA keeps out of the fusions
                that read it: a divided copy of every gradient is written and
@@ -134,7 +135,7 @@ _ROUNDS = flags.DEFINE_integer("rounds", 9, "Interleaved timed rounds.")
 _WARMUP = flags.DEFINE_integer("ab_warmup", 2, "Untimed steps per variant.")
 
 _ATTENTION_FEATURES = ("flat2d", "qkv_fused", "heads_major", "mask_bias", "dpa",
-                       "dpa_lengths", "batch_split", "scale_logits")
+                       "dpa_lengths", "batch_split", "scale_queries")
 # XLA:CPU compile options for the step alone (the same program, compiled
 # otherwise): YNNPACK's library dot fusions off (Eigen runs every dot), and
 # fast math with NaN, Inf and division semantics kept (the non-finite guard
@@ -254,11 +255,11 @@ class _VariantAttention(layers.MultiHeadAttention):
               for s in (slice(0, half), slice(half, None))]
       out = jnp.concatenate(outs, axis=0)
       return jnp.einsum("bqhd,hde->bqe", out, wo.astype(dt)) + bo.astype(dt)
-    if "scale_logits" not in f:
+    if "scale_queries" in f:
       q = q / jnp.sqrt(d).astype(q.dtype)
     spec = "bhqd,bhkd->bhqk" if heads_major else "bqhd,bkhd->bhqk"
     logits = jnp.einsum(spec, q, k, preferred_element_type=jnp.float32)
-    if "scale_logits" in f:
+    if "scale_queries" not in f:
       logits = logits * (1.0 / float(d) ** 0.5)
     if "mask_bias" in f:
       logits = logits + mask

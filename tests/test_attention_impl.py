@@ -67,6 +67,23 @@ def test_xla_reference_matches_the_definition():
                              rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_xla_scales_the_scores_bit_identically_to_scaling_queries(dtype):
+  # The xla path scales the float32 scores by 1/sqrt(d) (it fuses into the
+  # softmax); with a power-of-two head size that is the same bits as scaling
+  # q first, so checkpoints and parity figures made either way agree exactly.
+  q, k, v = _qkv(dtype)
+  doc_ids = _doc_ids()
+  mask = layers.doc_attention_mask(doc_ids)
+  got = _attend("xla", q, k, v, doc_ids, dtype)
+  scaled = q / jnp.sqrt(HEAD_DIM).astype(dtype)
+  logits = jnp.einsum("bqhd,bkhd->bhqk", scaled, k,
+                      preferred_element_type=jnp.float32)
+  want = attention.softmax_values(logits, mask, v, 0.0, True, dtype)
+  np.testing.assert_array_equal(np.asarray(got, np.float32),
+                                np.asarray(want, np.float32))
+
+
 # fp32: 1e-5; bf16 inputs and outputs round to 8 bits of mantissa (~4e-3),
 # and the kernels order their float32 sums differently.
 _TOL = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}
