@@ -47,9 +47,9 @@ A variant is a ``+``-joined set of features (``qkv_fused+heads_major``):
                as two independent halves of the batch: XLA:CPU runs each
                batched product on one core, so two independent chains may
                run side by side.
-  scale_queries  the 1/sqrt(d) scale applied to the queries before q k^T
-               instead of to the float32 scores after it, as before
-               2026-11-27 (``attention.attend``).
+  scale_queries  ``attention.attend``'s xla path with the 1/sqrt(d) scale
+               on the queries before q k^T instead of on the float32 scores
+               after it, as before 2026-11-27 (same bits for d = 64).
   optax_clip   gradient clipping by ``optax.clip_by_global_norm`` (each
                element divided by the norm, which XLA keeps out of the fusions
                that read it: a divided copy of every gradient is written and
@@ -135,7 +135,7 @@ _ROUNDS = flags.DEFINE_integer("rounds", 9, "Interleaved timed rounds.")
 _WARMUP = flags.DEFINE_integer("ab_warmup", 2, "Untimed steps per variant.")
 
 _ATTENTION_FEATURES = ("flat2d", "qkv_fused", "heads_major", "mask_bias", "dpa",
-                       "dpa_lengths", "batch_split", "scale_queries")
+                       "dpa_lengths", "batch_split")
 # XLA:CPU compile options for the step alone (the same program, compiled
 # otherwise): YNNPACK's library dot fusions off (Eigen runs every dot), and
 # fast math with NaN, Inf and division semantics kept (the non-finite guard
@@ -154,7 +154,8 @@ _COMPILER_OPTIONS = {
     "no_triton_gemm": {"xla_gpu_enable_triton_gemm": False},
     "no_command_buffer": {"xla_gpu_enable_command_buffer": ""},
 }
-_FEATURES = (("baseline", "guard_cond", "guard_where", "optax_clip", "embed_gather", "word_bf16",
+_FEATURES = (("baseline", "guard_cond", "guard_where", "optax_clip", "scale_queries",
+               "embed_gather", "word_bf16",
               "full_last_layer", "gelu_saved", "gelu_erfc", "ln_saved",
               "pointwise_remat")
              + _ATTENTION_FEATURES + tuple(_COMPILER_OPTIONS))
@@ -255,12 +256,9 @@ class _VariantAttention(layers.MultiHeadAttention):
               for s in (slice(0, half), slice(half, None))]
       out = jnp.concatenate(outs, axis=0)
       return jnp.einsum("bqhd,hde->bqe", out, wo.astype(dt)) + bo.astype(dt)
-    if "scale_queries" in f:
-      q = q / jnp.sqrt(d).astype(q.dtype)
     spec = "bhqd,bhkd->bhqk" if heads_major else "bqhd,bkhd->bhqk"
     logits = jnp.einsum(spec, q, k, preferred_element_type=jnp.float32)
-    if "scale_queries" not in f:
-      logits = logits * (1.0 / float(d) ** 0.5)
+    logits = logits * (1.0 / float(d) ** 0.5)
     if "mask_bias" in f:
       logits = logits + mask
     else:
@@ -294,6 +292,26 @@ def _attend_by_lengths(q, k, v, mask, doc_ids, dtype):
   return out.astype(dtype)
 
 
+def _attend_scaling_queries(q, k, v, mask, **kwargs):
+  """``attention.attend`` with its xla path's 1/sqrt(d) on the queries
+  before q k^T, as before 2026-11-27, rather than on the float32 scores."""
+  impl = attention_lib.resolve(
+      kwargs.get("impl", "xla"), platform=attention_lib.compile_platform(),
+      has_segments=kwargs.get("segment_ids") is not None, length=q.shape[1],
+      dropout=kwargs.get("dropout_rate", 0.0) > 0 and not kwargs.get(
+          "deterministic", True), dtype=kwargs.get("dtype", jnp.float32))
+  if impl != "xla":
+    return _ATTEND(q, k, v, mask, **kwargs)
+  dtype = kwargs.get("dtype", jnp.float32)
+  q = q / jnp.sqrt(q.shape[-1]).astype(q.dtype)
+  logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+  return attention_lib.softmax_values(logits, mask, v, kwargs.get("dropout_rate", 0.0),
+                                      kwargs.get("deterministic", True), dtype)
+
+
+_ATTEND = attention_lib.attend
+
+
 def _bias_masks(doc_ids, attention_mask=None):
   """``layers.combine_masks`` as an additive float32 bias (0 or float32 min)."""
   mask = _COMBINE_MASKS(doc_ids, attention_mask)
@@ -319,7 +337,10 @@ def _patched(variant: str):
   saved_norm = layers._RematLayerNorm
   saved_pointwise = layers.remat_pointwise
   saved_clip = optim.clip_by_global_norm
+  saved_attend = attention_lib.attend
   try:
+    if "scale_queries" in features:
+      attention_lib.attend = _attend_scaling_queries
     if "optax_clip" in features:
       optim.clip_by_global_norm = optax.clip_by_global_norm
     if "pointwise_remat" in features:
@@ -356,6 +377,7 @@ def _patched(variant: str):
     layers._RematLayerNorm = saved_norm
     layers.remat_pointwise = saved_pointwise
     optim.clip_by_global_norm = saved_clip
+    attention_lib.attend = saved_attend
 
 
 def _build(config, variant: str):
