@@ -56,6 +56,10 @@ A variant is a ``+``-joined set of features (``qkv_fused+heads_major``):
                read twice; the norm computed again inside the guard), as
                before ``optim.clip_by_global_norm``; its first update matches
                to float rounding only when it clips.
+  wgrad_autodiff  the projections' kernel gradients as autodiff writes them
+               (``x^T g`` with ``x`` contracted over its leading axes, left to
+               XLA's layouts), as before ``projection.project``'s transposed
+               activations on CPU; its first update matches to float rounding.
   embed_gather the position and segment tables read by gather (their
                gradient a scatter-add), as before the one-hot lookup.
   word_bf16    the word table read by ``nn.Embed(dtype)``: cast whole to the
@@ -128,6 +132,7 @@ from bertjax import train  # noqa: E402
 from bertjax.models import attention as attention_lib  # noqa: E402
 from bertjax.models import bert as bert_model  # noqa: E402
 from bertjax.models import layers  # noqa: E402
+from bertjax.models import projection  # noqa: E402
 
 _VARIANTS = flags.DEFINE_list("variants", ["baseline", "guard_where"],
                               "Variants to compare; the first is the reference.")
@@ -155,6 +160,7 @@ _COMPILER_OPTIONS = {
     "no_command_buffer": {"xla_gpu_enable_command_buffer": ""},
 }
 _FEATURES = (("baseline", "guard_cond", "guard_where", "optax_clip", "scale_queries",
+              "wgrad_autodiff",
                "embed_gather", "word_bf16",
               "full_last_layer", "gelu_saved", "gelu_erfc", "ln_saved",
               "pointwise_remat")
@@ -338,7 +344,10 @@ def _patched(variant: str):
   saved_pointwise = layers.remat_pointwise
   saved_clip = optim.clip_by_global_norm
   saved_attend = attention_lib.attend
+  saved_projection = projection.enabled
   try:
+    if "wgrad_autodiff" in features:
+      projection.enabled = lambda: False
     if "scale_queries" in features:
       attention_lib.attend = _attend_scaling_queries
     if "optax_clip" in features:
@@ -378,6 +387,7 @@ def _patched(variant: str):
     layers.remat_pointwise = saved_pointwise
     optim.clip_by_global_norm = saved_clip
     attention_lib.attend = saved_attend
+    projection.enabled = saved_projection
 
 
 def _build(config, variant: str):

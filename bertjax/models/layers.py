@@ -31,6 +31,7 @@ from jax import lax
 
 from bertjax import sharding
 from bertjax.models import attention as attention_lib
+from bertjax.models import projection
 
 Dtype = Any
 
@@ -58,6 +59,10 @@ def gathered(*kernel_axes: str | None) -> Callable[..., jax.Array]:
   def dot_general(lhs, rhs, dimension_numbers, precision=None, **kwargs):
     if rhs.ndim == len(spec):
       rhs = sharding.constrain(rhs, spec)
+    count = projection.is_projection(lhs, rhs, dimension_numbers)
+    if (count and not kwargs and projection.enabled()
+        and projection.transpose_pays(rhs, count)):
+      return projection.project(lhs, rhs, count, precision)
     return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                                **kwargs)
   return dot_general

@@ -1,0 +1,102 @@
+"""The product of a dense projection, ``x @ kernel``, with the backward pass
+written for XLA:CPU's matmul libraries.
+
+Autodiff's kernel gradient contracts the activations over their leading
+(batch and length) axes: ``x^T g``. XLA:CPU hands a product to YNNPACK only
+when its left operand is row-major with the contracted axis innermost, so it
+either runs that product on Eigen with a transposed operand (the feed-forward
+kernels: 5-10% slower than YNNPACK on these shapes) or transposes the
+gradient ``g`` and produces the kernel gradient in a transposed layout that
+is copied once more before the optimizer reads it (the attention kernels).
+``project`` instead transposes ``x`` once, behind an optimization barrier so
+that XLA does not fold the transpose back into the product, and computes the
+kernel gradient as a plain row-major ``x^T @ g`` in the kernel's own layout.
+
+Forward values and the input gradient are the same product as
+``lax.dot_general``'s; the kernel gradient is the same sum in another order
+(equal to float rounding). Used only when the step compiles for a CPU
+(``enabled``): TPU and GPU compilers pick their own layouts for the product.
+Measured (README, issue 17).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+from jax import lax
+
+from bertjax.models import attention as attention_lib
+
+
+def enabled() -> bool:
+  """Whether projections take ``project``'s backward pass: when the step
+  being traced compiles for a CPU (``attention.compile_platform``)."""
+  return attention_lib.compile_platform() == "cpu"
+
+
+def is_projection(lhs: jax.Array, rhs: jax.Array, dimension_numbers) -> int:
+  """The number of contracted axes when ``dimension_numbers`` is a plain
+  projection, ``lhs``'s trailing axes against ``rhs``'s leading ones in order
+  and no batch axes; else 0."""
+  (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
+  lhs_contract, rhs_contract = tuple(lhs_contract), tuple(rhs_contract)
+  count = len(lhs_contract)
+  if lhs_batch or rhs_batch or not count or len(rhs_contract) != count:
+    return 0
+  if lhs_contract != tuple(range(lhs.ndim - count, lhs.ndim)):
+    return 0
+  if rhs_contract != tuple(range(count)) or rhs.ndim <= count:
+    return 0
+  if lhs.ndim <= count:
+    return 0
+  return count
+
+
+def transpose_pays(kernel: jax.Array, count: int) -> bool:
+  """Whether the activations are no wider than the output: transposing them
+  costs no more than transposing the output gradient would."""
+  return math.prod(kernel.shape[:count]) <= math.prod(kernel.shape[count:])
+
+
+def _forward_numbers(x_ndim: int, count: int):
+  return ((tuple(range(x_ndim - count, x_ndim)), tuple(range(count))),
+          ((), ()))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def project(x: jax.Array, kernel: jax.Array, count: int,
+            precision=None) -> jax.Array:
+  """``x``'s last ``count`` axes contracted with ``kernel``'s first ``count``
+  (``is_projection``), as ``lax.dot_general``; see the module doc for its
+  backward pass."""
+  return lax.dot_general(x, kernel, _forward_numbers(x.ndim, count),
+                         precision=precision)
+
+
+def _project_fwd(x, kernel, count, precision):
+  return project(x, kernel, count, precision), (x, kernel)
+
+
+def _project_bwd(count, precision, residuals, g):
+  x, kernel = residuals
+  out_axes = kernel.ndim - count
+  # d x: g [..., out] against the kernel's output axes, as autodiff has it.
+  dx = lax.dot_general(
+      g, kernel,
+      ((tuple(range(g.ndim - out_axes, g.ndim)),
+        tuple(range(count, kernel.ndim))), ((), ())),
+      precision=precision)
+  inner = math.prod(kernel.shape[:count])
+  outer = math.prod(kernel.shape[count:])
+  rows = x.size // inner
+  # x^T materialised row-major: the barrier keeps XLA from folding the
+  # transpose into the product's dimension numbers.
+  xt = lax.optimization_barrier(x.reshape(rows, inner).T)
+  dkernel = lax.dot_general(xt, g.reshape(rows, outer),
+                            (((1,), (0,)), ((), ())), precision=precision)
+  return dx.astype(x.dtype), dkernel.reshape(kernel.shape).astype(kernel.dtype)
+
+
+project.defvjp(_project_fwd, _project_bwd)

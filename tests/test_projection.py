@@ -1,0 +1,85 @@
+"""The projections' product with the CPU kernel-gradient form
+(bertjax/models/projection.py): same values and gradients as autodiff's."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bertjax.models import layers
+from bertjax.models import projection
+
+# (x shape, kernel shape, contracted axes): the feed-forward's first kernel,
+# a query/key/value kernel [embed, heads, kv], the output kernel
+# [heads, kv, embed] (two contracted axes) and the feed-forward's second.
+_CASES = [((2, 6, 8), (8, 24), 1), ((2, 6, 8), (8, 2, 4), 1),
+          ((2, 6, 2, 4), (2, 4, 8), 2), ((2, 6, 24), (24, 8), 1)]
+
+
+def _numbers(x_ndim, count):
+  return ((tuple(range(x_ndim - count, x_ndim)), tuple(range(count))), ((), ()))
+
+
+@pytest.mark.parametrize("x_shape,k_shape,count", _CASES)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_values_and_gradients_match_autodiff(x_shape, k_shape, count, dtype):
+  kx, kk, kg = jax.random.split(jax.random.key(0), 3)
+  x = jax.random.normal(kx, x_shape, dtype)
+  kernel = jax.random.normal(kk, k_shape, dtype)
+  numbers = _numbers(len(x_shape), count)
+  assert projection.is_projection(x, kernel, numbers) == count
+
+  def ref(x, kernel):
+    return jax.lax.dot_general(x, kernel, numbers)
+
+  def ours(x, kernel):
+    return projection.project(x, kernel, count)
+
+  y_ref, vjp_ref = jax.vjp(ref, x, kernel)
+  y, vjp = jax.vjp(ours, x, kernel)
+  g = jax.random.normal(kg, y.shape, dtype)
+  np.testing.assert_array_equal(np.asarray(y, np.float32),
+                                np.asarray(y_ref, np.float32))
+  tol = 2e-2 if dtype == jnp.bfloat16 else 1e-5
+  for got, want in zip(vjp(g), vjp_ref(g)):
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_allclose(np.asarray(got, np.float32),
+                               np.asarray(want, np.float32), rtol=tol, atol=tol)
+
+
+def test_is_projection_refuses_other_products():
+  x, kernel = jnp.ones((2, 3, 4)), jnp.ones((4, 5))
+  # Batch axes, a contraction not on the trailing / leading axes, or a
+  # kernel with no output axes are left to lax.dot_general.
+  assert projection.is_projection(x, jnp.ones((2, 4, 5)),
+                                  (((2,), (1,)), ((0,), (0,)))) == 0
+  assert projection.is_projection(jnp.ones((4, 3, 2)), kernel,
+                                  (((0,), (0,)), ((), ()))) == 0
+  assert projection.is_projection(x, jnp.ones((5, 4)),
+                                  (((2,), (1,)), ((), ()))) == 0
+  assert projection.is_projection(x, jnp.ones((4,)),
+                                  (((2,), (0,)), ((), ()))) == 0
+  assert projection.is_projection(x, kernel, (((2,), (0,)), ((), ()))) == 1
+
+
+def _uses_barrier(fn, *args) -> bool:
+  return "optimization_barrier" in str(jax.make_jaxpr(jax.grad(fn))(*args))
+
+
+@pytest.mark.parametrize("k_shape,transposed", [((8, 24), True),
+                                                ((24, 8), False)])
+def test_gathered_takes_the_form_on_cpu_when_the_input_is_narrower(
+    k_shape, transposed, monkeypatch):
+  """Activations no wider than the output are transposed (the feed-forward's
+  first kernel, attention kernels); a wider input (the feed-forward's second
+  kernel) keeps autodiff's product; off the CPU, autodiff's everywhere."""
+  dot = layers.gathered("embed", "mlp")
+  x = jnp.ones((2, 6, k_shape[0]))
+
+  def loss(kernel):
+    return jnp.sum(dot(x, kernel, (((2,), (0,)), ((), ()))) ** 2)
+
+  kernel = jnp.ones(k_shape)
+  assert _uses_barrier(loss, kernel) == transposed
+  monkeypatch.setattr(projection, "enabled", lambda: False)
+  assert not _uses_barrier(loss, kernel)
