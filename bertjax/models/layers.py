@@ -53,6 +53,10 @@ def gathered(*kernel_axes: str | None) -> Callable[..., jax.Array]:
   sums of the whole batch (BERT-mini at 256 chips: 2 GiB a chip of them);
   a kernel whole on 'embed' where it is used makes it gather the weights,
   the FSDP way. A no-op outside a traced step (``sharding.with_rules``).
+
+  When the step compiles for a CPU, a plain projection whose input is no
+  wider than its output goes through ``projection.project``, whose kernel
+  gradient XLA:CPU runs as a row-major YNNPACK product (module doc there).
   """
   spec = tuple(None if name == "embed" else name for name in kernel_axes)
 
