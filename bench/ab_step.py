@@ -60,6 +60,10 @@ A variant is a ``+``-joined set of features (``qkv_fused+heads_major``):
                (``x^T g`` with ``x`` contracted over its leading axes, left to
                XLA's layouts), as before ``projection.project``'s transposed
                activations on CPU; its first update matches to float rounding.
+  wgrad_heads_autodiff  autodiff's kernel gradients for the attention's
+               [embed, heads, kv] and [heads, kv, embed] kernels only.
+  wgrad_all_transposed  ``projection.project`` for every projection, the
+               feed-forward's second kernel (input wider than output) too.
   embed_gather the position and segment tables read by gather (their
                gradient a scatter-add), as before the one-hot lookup.
   word_bf16    the word table read by ``nn.Embed(dtype)``: cast whole to the
@@ -160,7 +164,7 @@ _COMPILER_OPTIONS = {
     "no_command_buffer": {"xla_gpu_enable_command_buffer": ""},
 }
 _FEATURES = (("baseline", "guard_cond", "guard_where", "optax_clip", "scale_queries",
-              "wgrad_autodiff",
+              "wgrad_autodiff", "wgrad_heads_autodiff", "wgrad_all_transposed",
                "embed_gather", "word_bf16",
               "full_last_layer", "gelu_saved", "gelu_erfc", "ln_saved",
               "pointwise_remat")
@@ -345,9 +349,15 @@ def _patched(variant: str):
   saved_clip = optim.clip_by_global_norm
   saved_attend = attention_lib.attend
   saved_projection = projection.enabled
+  saved_pays = projection.transpose_pays
   try:
     if "wgrad_autodiff" in features:
       projection.enabled = lambda: False
+    if "wgrad_heads_autodiff" in features:
+      projection.transpose_pays = (
+          lambda kernel, count: kernel.ndim == 2 and saved_pays(kernel, count))
+    if "wgrad_all_transposed" in features:
+      projection.transpose_pays = lambda kernel, count: True
     if "scale_queries" in features:
       attention_lib.attend = _attend_scaling_queries
     if "optax_clip" in features:
@@ -388,6 +398,7 @@ def _patched(variant: str):
     optim.clip_by_global_norm = saved_clip
     attention_lib.attend = saved_attend
     projection.enabled = saved_projection
+    projection.transpose_pays = saved_pays
 
 
 def _build(config, variant: str):
