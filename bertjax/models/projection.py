@@ -11,6 +11,10 @@ is copied once more before the optimizer reads it (the attention kernels).
 ``project`` instead transposes ``x`` once, behind an optimization barrier so
 that XLA does not fold the transpose back into the product, and computes the
 kernel gradient as a plain row-major ``x^T @ g`` in the kernel's own layout.
+It does so only where ``x`` is no wider than the output (``transpose_pays``):
+the feed-forward's second kernel keeps autodiff's product, because the
+transpose of its 3072-wide input would fuse into the fusion that recomputes
+the GELU, which XLA:CPU then runs strided (slower than what it saves).
 
 Forward values and the input gradient are the same product as
 ``lax.dot_general``'s; the kernel gradient is the same sum in another order
