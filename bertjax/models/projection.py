@@ -51,9 +51,7 @@ def is_projection(lhs: jax.Array, rhs: jax.Array, dimension_numbers) -> int:
     return 0
   if lhs_contract != tuple(range(lhs.ndim - count, lhs.ndim)):
     return 0
-  if rhs_contract != tuple(range(count)) or rhs.ndim <= count:
-    return 0
-  if lhs.ndim <= count:
+  if rhs_contract != tuple(range(count)) or min(lhs.ndim, rhs.ndim) <= count:
     return 0
   return count
 
