@@ -18,11 +18,10 @@ A variant is a ``+``-joined set of features (``qkv_fused+heads_major``):
 
   baseline     the tree as it is.
   guard_where  the non-finite guard as selects (``jnp.where``) over the
-               updated and the old params and optimizer state, as before the
-               guard became one ``lax.cond`` around the update.
-  guard_cond   the guard as ``lax.cond``: the tree's own
-               ``guards.update_if_finite``, named so that a run can list it
-               beside guard_where.
+               updated and the old params and optimizer state
+               (``guards.update_by_select``, the tree's own on a GPU).
+  guard_cond   the guard as one ``lax.cond`` around the update
+               (``guards.update_by_cond``, the tree's own elsewhere).
   flat2d       the projections as 2-D matmuls on the kernels seen as
                [embed, heads*kv] and [heads*kv, embed] (bitcasts of the stored
                3-D kernels), as HF's Dense layers do.
@@ -169,17 +168,6 @@ _FEATURES = (("baseline", "guard_cond", "guard_where", "optax_clip", "scale_quer
               "full_last_layer", "gelu_saved", "gelu_erfc", "ln_saved",
               "pointwise_remat")
              + _ATTENTION_FEATURES + tuple(_COMPILER_OPTIONS))
-
-
-def _guard_where(finite, tx, grads, params, opt_state, grad_norm=None):
-  """``guards.update_if_finite`` as selects over the updated and old trees."""
-  extra = {} if grad_norm is None else {"grad_norm": grad_norm}
-  with jax.named_scope("optimizer"):
-    updates, new_opt_state = tx.update(grads, opt_state, params, **extra)
-    new_params = optax.apply_updates(params, updates)
-  with jax.named_scope("nonfinite_guard"):
-    return jax.tree.map(lambda new, old: jnp.where(finite, new, old),
-                        (new_params, new_opt_state), (params, opt_state))
 
 
 class _Weights(nn.Module):
@@ -371,9 +359,9 @@ def _patched(variant: str):
     if "gelu_erfc" in features:
       layers.ACTIVATIONS["gelu"] = lambda x: nn.gelu(x, approximate=False)
     if "guard_where" in features:
-      guards.update_if_finite = _guard_where
-    if "guard_cond" in features:  # the cond: the tree's own guard
-      guards.update_if_finite = saved[0]
+      guards.update_if_finite = guards.update_by_select
+    if "guard_cond" in features:
+      guards.update_if_finite = guards.update_by_cond
     attention = features & set(_ATTENTION_FEATURES)
     if attention:
       cls = type("Attention_" + "_".join(sorted(attention)),

@@ -8,11 +8,12 @@ then the config's optimizer (clipping, AdamW or LAMB) on the model's full
 parameter tree, params and optimizer state donated as in the train step,
 with constant finite gradients. The guards:
 
-  cond   ``guards.update_if_finite`` as the train step has it: one
-         ``lax.cond`` around the update.
-  where  selects (``jnp.where``) over the updated and the old trees, as
-         before: XLA copies every donated optimizer-state buffer that the
-         update writes in place while the select still reads it.
+  cond   ``guards.update_by_cond``, the train step's guard on a CPU or
+         TPU: one ``lax.cond`` around the update.
+  where  ``guards.update_by_select``, the train step's guard on a GPU:
+         selects (``jnp.where``) over the updated and the old trees (on a
+         CPU, XLA copies every donated optimizer-state buffer that the
+         update writes in place while the select still reads it).
   none   the update with no guard: the floor.
   cond_optax_clip  the cond, with clipping by ``optax.clip_by_global_norm``
          (a divided copy of every gradient, and the norm computed again
@@ -46,7 +47,7 @@ from absl import app
 from absl import flags
 
 sys.path.insert(0, os.path.dirname(__file__))
-# The selects form of the guard; importing it also defines the --config flag.
+# Importing ab_step defines the --config flag.
 import ab_step  # noqa: E402
 from bertjax import guards  # noqa: E402
 from bertjax import models  # noqa: E402
@@ -65,10 +66,10 @@ def _none(finite, tx, grads, params, opt_state, grad_norm=None):
   return optax.apply_updates(params, updates), opt_state
 
 
-_FORMS = {"cond": guards.update_if_finite,
-          "where": ab_step._guard_where,  # pylint: disable=protected-access
+_FORMS = {"cond": guards.update_by_cond,
+          "where": guards.update_by_select,
           "none": _none,
-          "cond_optax_clip": guards.update_if_finite}
+          "cond_optax_clip": guards.update_by_cond}
 
 
 def _optax_clip_optimizer(config):

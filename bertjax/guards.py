@@ -147,14 +147,9 @@ class NonFiniteGuard:
 def update_if_finite(finite, tx, grads, params, opt_state, grad_norm=None):
   """The optimizer update of the train step, applied only when ``finite``.
 
-  One ``lax.cond`` around the update rather than selects (``jnp.where``) over
-  the updated and the old trees: a select reads the old value of every
-  donated buffer that the update writes in place, so XLA copies each AdamW
-  moment first (BERT-base: 880 MB a step; its update alone went from 0.42 to
-  0.28 s on a 2-core CPU, bench/update_bench.py; the old form is
-  bench/ab_step.py's variant ``guard_where``). The
-  skipped branch returns its operands, so a skipped step leaves params and
-  optimizer state bit-identical.
+  Where the step compiles for a GPU, ``update_by_select``; elsewhere
+  ``update_by_cond``. The two give the same values; they differ in what the
+  compiled step pays for the guard (each form's docstring says what).
 
   Args:
     finite: bool scalar; False leaves params and optimizer state unchanged.
@@ -167,19 +162,58 @@ def update_if_finite(finite, tx, grads, params, opt_state, grad_norm=None):
   Returns:
     (params, opt_state) after the update, or the inputs when not ``finite``.
   """
+  from bertjax.models import attention
+
+  form = update_by_select if attention.compiles_for_gpu() else update_by_cond
+  return form(finite, tx, grads, params, opt_state, grad_norm)
+
+
+def _tx_update(tx, grads, params, opt_state, grad_norm):
   import jax
   import optax
 
   takes_extra = isinstance(tx, optax.GradientTransformationExtraArgs)
   extra = {"grad_norm": grad_norm} if grad_norm is not None and takes_extra else {}
+  # Named scopes label the parts in profiles (bench/profile_step.py).
+  with jax.named_scope("optimizer"):
+    updates, opt_state = tx.update(grads, opt_state, params, **extra)
+    return optax.apply_updates(params, updates), opt_state
 
-  def update(operands):
-    g, p, o, e = operands
-    # Named scopes label the parts in profiles (bench/profile_step.py).
-    with jax.named_scope("optimizer"):
-      updates, o = tx.update(g, o, p, **e)
-      return optax.apply_updates(p, updates), o
+
+def update_by_cond(finite, tx, grads, params, opt_state, grad_norm=None):
+  """``update_if_finite`` as one ``lax.cond`` around the update.
+
+  On a CPU (and a TPU) rather than selects over the updated and the old
+  trees: a select reads the old value of every donated buffer that the
+  update writes in place, so XLA:CPU copies each AdamW moment first
+  (BERT-base: 880 MB a step; its update alone went from 0.42 to 0.28 s on a
+  2-core CPU, bench/update_bench.py; bench/ab_step.py's ``guard_where`` is
+  the select form). The skipped branch returns its operands, so a skipped
+  step leaves params and optimizer state bit-identical.
+  """
+  import jax
 
   with jax.named_scope("nonfinite_guard"):
-    return jax.lax.cond(finite, update, lambda operands: operands[1:3],
-                        (grads, params, opt_state, extra))
+    return jax.lax.cond(
+        finite, lambda operands: _tx_update(tx, *operands, grad_norm),
+        lambda operands: operands[1:], (grads, params, opt_state))
+
+
+def update_by_select(finite, tx, grads, params, opt_state, grad_norm=None):
+  """``update_if_finite`` as the update followed by selects (``jnp.where``)
+  between the updated and the old trees.
+
+  On a GPU rather than the ``lax.cond``: there the selects fuse into the
+  update's elementwise kernels and the step has no conditional to branch on
+  (a bf16 BERT-base step, 32 x 512, on an H200 was 0.6% faster than with the
+  cond: README, issue 17, bench/ab_step.py ``guard_cond``). A skipped step
+  selects the old values, so it leaves params and optimizer state
+  bit-identical.
+  """
+  import jax
+  import jax.numpy as jnp
+
+  new = _tx_update(tx, grads, params, opt_state, grad_norm)
+  with jax.named_scope("nonfinite_guard"):
+    return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new,
+                        (params, opt_state))

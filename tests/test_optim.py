@@ -135,6 +135,54 @@ def test_update_if_finite_passes_the_norm_to_the_optimizer():
                              rtol=1e-6)
 
 
+@pytest.mark.parametrize("finite", [True, False])
+def test_both_guard_forms_give_the_same_state(finite):
+  # update_by_cond (CPU, TPU) and update_by_select (GPU) must agree bit for
+  # bit: a finite step applies the same update, a skipped one returns the
+  # old params and optimizer state unchanged.
+  from bertjax import guards
+  params, grads = _params_and_grads()
+  config = _config("adamw")
+  config.grad_clip_norm = 0.5
+  tx = optim.make_optimizer(config)
+  opt_state = tx.init(params)
+  opt_state = tx.update(grads, opt_state, params)[1]  # non-zero moments
+  norm = jnp.float32(_norm(grads))
+  flag = jnp.bool_(finite)
+  by_cond = jax.jit(guards.update_by_cond, static_argnums=1)(
+      flag, tx, grads, params, opt_state, norm)
+  by_select = jax.jit(guards.update_by_select, static_argnums=1)(
+      flag, tx, grads, params, opt_state, norm)
+  jax.tree.map(np.testing.assert_array_equal, by_cond, by_select)
+  changed = not np.array_equal(by_cond[0]["dense"]["kernel"],
+                               params["dense"]["kernel"])
+  assert changed == finite
+  if not finite:
+    jax.tree.map(np.testing.assert_array_equal, by_select, (params, opt_state))
+
+
+def test_update_if_finite_selects_on_a_gpu_and_conds_elsewhere(monkeypatch):
+  from bertjax import guards
+  from bertjax.models import attention
+  params, grads = _params_and_grads()
+  tx = optim.make_optimizer(_config("adamw"))
+  opt_state = tx.init(params)
+
+  def jaxpr():  # the text names nested primitives too (where is a jit)
+    return str(jax.make_jaxpr(lambda f: guards.update_if_finite(
+        f, tx, grads, params, opt_state))(jnp.bool_(True)))
+
+  cpu = jaxpr()
+  assert " cond[" in cpu
+  monkeypatch.setattr(attention, "compiles_for_gpu", lambda: True)
+  gpu = jaxpr()
+  # No cond; a jnp.where more per leaf of params and optimizer state.
+  leaves = len(jax.tree.leaves((params, opt_state)))
+  wheres = lambda text: text.count("jit[name=_where")
+  assert " cond[" not in gpu
+  assert wheres(gpu) - wheres(cpu) == leaves
+
+
 def test_unknown_optimizer_is_a_one_line_error():
   with pytest.raises(ValueError, match="--config.optimizer"):
     optim.make_optimizer(_config("sgd"))
