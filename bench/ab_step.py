@@ -63,6 +63,10 @@ A variant is a ``+``-joined set of features (``qkv_fused+heads_major``):
                [embed, heads, kv] and [heads, kv, embed] kernels only.
   wgrad_all_transposed  ``projection.project`` for every projection, the
                feed-forward's second kernel (input wider than output) too.
+  wgrad_split  ``projection.transposed`` with a second barrier before the
+               transpose, so that XLA cannot fuse it into the fusion that
+               produces the activations (a strided write on XLA:CPU): the
+               activations are written row-major, then transposed alone.
   embed_gather the position and segment tables read by gather (their
                gradient a scatter-add), as before the one-hot lookup.
   word_bf16    the word table read by ``nn.Embed(dtype)``: cast whole to the
@@ -117,6 +121,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax import lax
 import numpy as np
 import optax
 from absl import app
@@ -163,7 +168,7 @@ _COMPILER_OPTIONS = {
     "no_command_buffer": {"xla_gpu_enable_command_buffer": ""},
 }
 _FEATURES = (("baseline", "guard_cond", "guard_where", "optax_clip", "scale_queries",
-              "wgrad_autodiff", "wgrad_heads_autodiff", "wgrad_all_transposed",
+              "wgrad_autodiff", "wgrad_heads_autodiff", "wgrad_all_transposed", "wgrad_split",
                "embed_gather", "word_bf16",
               "full_last_layer", "gelu_saved", "gelu_erfc", "ln_saved",
               "pointwise_remat")
@@ -338,6 +343,7 @@ def _patched(variant: str):
   saved_attend = attention_lib.attend
   saved_projection = projection.enabled
   saved_pays = projection.transpose_pays
+  saved_transposed = projection.transposed
   try:
     if "wgrad_autodiff" in features:
       projection.enabled = lambda: False
@@ -346,6 +352,9 @@ def _patched(variant: str):
           lambda kernel, count: kernel.ndim == 2 and saved_pays(kernel, count))
     if "wgrad_all_transposed" in features:
       projection.transpose_pays = lambda kernel, count: True
+    if "wgrad_split" in features:
+      projection.transposed = lambda x: lax.optimization_barrier(
+          lax.optimization_barrier(x).T)
     if "scale_queries" in features:
       attention_lib.attend = _attend_scaling_queries
     if "optax_clip" in features:
@@ -387,6 +396,7 @@ def _patched(variant: str):
     attention_lib.attend = saved_attend
     projection.enabled = saved_projection
     projection.transpose_pays = saved_pays
+    projection.transposed = saved_transposed
 
 
 def _build(config, variant: str):

@@ -62,6 +62,12 @@ def transpose_pays(kernel: jax.Array, count: int) -> bool:
   return math.prod(kernel.shape[:count]) <= math.prod(kernel.shape[count:])
 
 
+def transposed(x: jax.Array) -> jax.Array:
+  """``x.T`` materialised row-major: the barrier keeps XLA from folding the
+  transpose into the product's dimension numbers."""
+  return lax.optimization_barrier(x.T)
+
+
 def _forward_numbers(x_ndim: int, count: int):
   return ((tuple(range(x_ndim - count, x_ndim)), tuple(range(count))),
           ((), ()))
@@ -93,9 +99,7 @@ def _project_bwd(count, precision, residuals, g):
   inner = math.prod(kernel.shape[:count])
   outer = math.prod(kernel.shape[count:])
   rows = x.size // inner
-  # x^T materialised row-major: the barrier keeps XLA from folding the
-  # transpose into the product's dimension numbers.
-  xt = lax.optimization_barrier(x.reshape(rows, inner).T)
+  xt = transposed(x.reshape(rows, inner))
   dkernel = lax.dot_general(xt, g.reshape(rows, outer),
                             (((1,), (0,)), ((), ())), precision=precision)
   return dx.astype(x.dtype), dkernel.reshape(kernel.shape).astype(kernel.dtype)

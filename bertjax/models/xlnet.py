@@ -189,7 +189,8 @@ class TwoStreamAttention(nn.Module):
       return nn.DenseGeneral(
           features=(self.num_heads, head_dim), use_bias=False, dtype=self.dtype,
           param_dtype=jnp.float32,
-          kernel_init=layers.kernel_init("embed", "heads", "kv"), name=name)
+          kernel_init=layers.kernel_init("embed", "heads", "kv"),
+          dot_general=layers.gathered("embed", "heads"), name=name)
 
     def bias(name: str, *shape: int) -> jax.Array:
       axes = (None,) * (len(shape) - 2) + ("heads", "kv")
