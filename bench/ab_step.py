@@ -63,6 +63,9 @@ A variant is a ``+``-joined set of features (``qkv_fused+heads_major``):
                [embed, heads, kv] and [heads, kv, embed] kernels only.
   wgrad_all_transposed  ``projection.project`` for every projection, the
                feed-forward's second kernel (input wider than output) too.
+  dx_3d        ``projection.project``'s input gradient on the kernels' own
+               3-D axes, as before 2026-11-27 (XLA:CPU then copies each
+               attention kernel into a transposed layout every step).
   wgrad_split  ``projection.transposed`` with a second barrier before the
                transpose, so that XLA cannot fuse it into the fusion that
                produces the activations (a strided write on XLA:CPU): the
@@ -169,10 +172,21 @@ _COMPILER_OPTIONS = {
 }
 _FEATURES = (("baseline", "guard_cond", "guard_where", "optax_clip", "scale_queries",
               "wgrad_autodiff", "wgrad_heads_autodiff", "wgrad_all_transposed", "wgrad_split",
+              "dx_3d",
                "embed_gather", "word_bf16",
               "full_last_layer", "gelu_saved", "gelu_erfc", "ln_saved",
               "pointwise_remat")
              + _ATTENTION_FEATURES + tuple(_COMPILER_OPTIONS))
+
+
+def _input_gradient_3d(g, kernel, count, precision=None):
+  """``projection.input_gradient`` on the kernel's own axes, as autodiff
+  writes it (variant dx_3d)."""
+  out_axes = kernel.ndim - count
+  return lax.dot_general(
+      g, kernel, ((tuple(range(g.ndim - out_axes, g.ndim)),
+                   tuple(range(count, kernel.ndim))), ((), ())),
+      precision=precision)
 
 
 class _Weights(nn.Module):
@@ -344,6 +358,7 @@ def _patched(variant: str):
   saved_projection = projection.enabled
   saved_pays = projection.transpose_pays
   saved_transposed = projection.transposed
+  saved_input_gradient = projection.input_gradient
   try:
     if "wgrad_autodiff" in features:
       projection.enabled = lambda: False
@@ -352,6 +367,8 @@ def _patched(variant: str):
           lambda kernel, count: kernel.ndim == 2 and saved_pays(kernel, count))
     if "wgrad_all_transposed" in features:
       projection.transpose_pays = lambda kernel, count: True
+    if "dx_3d" in features:
+      projection.input_gradient = _input_gradient_3d
     if "wgrad_split" in features:
       projection.transposed = lambda x: lax.optimization_barrier(
           lax.optimization_barrier(x).T)
@@ -397,6 +414,7 @@ def _patched(variant: str):
     projection.enabled = saved_projection
     projection.transpose_pays = saved_pays
     projection.transposed = saved_transposed
+    projection.input_gradient = saved_input_gradient
 
 
 def _build(config, variant: str):
