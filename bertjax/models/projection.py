@@ -20,8 +20,9 @@ The input gradient is written as a 2-D product too (``input_gradient``),
 sparing XLA:CPU a transposed copy of every 3-D attention kernel a step.
 Forward values are ``lax.dot_general``'s; the input gradient has the same
 sums (bit-identical in the A/B runs), the kernel gradient the same sums in
-another order (equal to float rounding). Used only when the step compiles for a CPU
-(``enabled``): TPU and GPU compilers pick their own layouts for the product.
+another order (equal to float rounding). Used only when the step compiles
+for a CPU (``enabled``): TPU and GPU compilers pick their own layouts for
+the product.
 Measured (README, issue 17).
 """
 
