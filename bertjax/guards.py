@@ -206,7 +206,7 @@ def update_by_select(finite, tx, grads, params, opt_state, grad_norm=None):
   On a GPU rather than the ``lax.cond``: there the selects fuse into the
   update's elementwise kernels and the step has no conditional to branch on
   (a bf16 BERT-base step, 32 x 512, on an H200 was 0.6% faster than with the
-  cond: README, issue 17, bench/ab_step.py ``guard_cond``). A skipped step
+  cond: docs/performance.md, bench/ab_step.py ``guard_cond``). A skipped step
   selects the old values, so it leaves params and optimizer state
   bit-identical.
   """

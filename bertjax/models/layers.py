@@ -176,7 +176,7 @@ _RematLayerNorm = nn.remat(nn.LayerNorm)
 def remat_pointwise() -> bool:
   """Whether the step being traced rematerialises its LayerNorms and
   feed-forward activation: everywhere but on a GPU. Values are the same
-  either way. Measured (README, issue 17): on a TPU pod the per-chip HBM is a
+  either way. Measured (docs/performance.md): on a TPU pod the per-chip HBM is a
   little lower and a CPU base step about 2% faster with them; on an H200 a
   bf16 base step is 2.5% slower (bench/ab_step.py pointwise_remat)."""
   return not attention_lib.compiles_for_gpu()

@@ -23,7 +23,7 @@ sums (bit-identical in the A/B runs), the kernel gradient the same sums in
 another order (equal to float rounding). Used only when the step compiles
 for a CPU (``enabled``): TPU and GPU compilers pick their own layouts for
 the product.
-Measured (README, issue 17).
+Measured in docs/performance.md (issue 17).
 """
 
 from __future__ import annotations
