@@ -68,6 +68,34 @@ def isdir(p: str | os.PathLike) -> bool:
   return path(p).is_dir()
 
 
+def file_in_the_way(p: str | os.PathLike) -> str | None:
+  """The file that stands where the directory ``p`` (or one of its parents)
+  should be, or None: a local path only (an object store has no files that
+  block a prefix)."""
+  if is_remote(p):
+    return None
+  current = os.path.abspath(os.fspath(p))
+  while True:
+    if os.path.exists(current) and not os.path.isdir(current):
+      return current
+    parent = os.path.dirname(current)
+    if parent == current:
+      return None
+    current = parent
+
+
+def require_directory(p: str | os.PathLike, flag: str) -> None:
+  """Raises ValueError, naming ``flag`` (e.g. '--workdir'), when a file
+  stands where the directory ``p`` is to be (it need not exist yet)."""
+  blocker = file_in_the_way(p)
+  if blocker is not None:
+    where = "is a file" if blocker == os.path.abspath(os.fspath(p)) else (
+        f"lies under the file {blocker}")
+    raise ValueError(
+        f"{flag}={os.fspath(p)} {where}, not a directory; pass the path of a "
+        "directory (it is created if missing).")
+
+
 def read_text(p: str | os.PathLike) -> str:
   return path(p).read_text(encoding="utf-8")
 
