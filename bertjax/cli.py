@@ -17,6 +17,8 @@ from absl import app
 from absl import flags
 from absl import logging as absl_logging
 
+from bertjax import config_files
+
 _SUGGESTION = re.compile(r'Did you mean "([^"]+)" instead of "([^"]+)"')
 
 
@@ -81,6 +83,7 @@ def _config_of(argv: list[str]):
     if arg.startswith("--config="):
       path, sep, config_arg = arg[len("--config="):].partition(":")
       try:
+        path = config_files.resolve_path(path)  # shipped forms: bert:tiny
         spec = importlib.util.spec_from_file_location("_bertjax_cli_config", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)

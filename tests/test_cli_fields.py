@@ -39,3 +39,17 @@ def test_nested_sections_and_values():
   assert "config.seq_len is a value, not a section" in cli.unknown_field(
       config, "seq_len.x")
   assert cli.unknown_field(config, "model.num_heads") is None
+
+
+def test_unknown_field_with_a_shipped_config_from_another_directory(tmp_path):
+  # "bert:tiny" names the shipped config; from a directory without configs/
+  # the override check must load the same file the binary does.
+  proc = subprocess.run(
+      [sys.executable, "-m", "bertjax.main", "--config=bert:tiny",
+       "--config.zzz_field=8", f"--workdir={tmp_path / 'never'}"],
+      cwd=tmp_path, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2
+  last = [l for l in proc.stderr.splitlines() if l.strip()][-1]
+  assert last.startswith("error: Unknown config field 'zzz_field'; the fields "
+                         "of config are: adam_b1, ")
+  assert not (tmp_path / "never").exists()
