@@ -27,6 +27,12 @@ def _fail(field: str, value, want: str) -> None:
 def validate(config) -> None:
   """Range and choice checks on the loop's config fields, and a mesh_shape
   that fits the devices and divides the model's sharded dimensions."""
+  if "task" in config and "objective" not in config:
+    raise ValueError(
+        "This is a fine-tuning config (configs/finetune.py), not a "
+        "pretraining one; run it with python -m bertjax.finetune "
+        "--config=... --init=<pretrained workdir>, or pass a pretraining "
+        "config such as --config=configs/bert.py:tiny.")
   sizes.resolve(config)
   # XLNet (configs/xlnet.py) masks nothing and has no mask_rate.
   if "mask_rate" in config and not 0.0 < config.mask_rate < 1.0:

@@ -17,7 +17,7 @@ from bertjax.models import sizes
 
 def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   size = arg or "tiny"
-  sizes.get_size(size)  # fails early with the list of sizes
+  sizes.check_config_arg(size)  # fails early, listing the sizes
   c = ml_collections.ConfigDict()
 
   # --- variant -------------------------------------------------------------

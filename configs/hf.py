@@ -21,4 +21,11 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     raise ValueError(
         f"No config.json in {arg!r}; pass the workdir of an import, "
         "--config=configs/hf.py:/path/to/workdir.")
-  return ml_collections.ConfigDict(json.loads(path.read_text(encoding="utf-8")))
+  fields = json.loads(path.read_text(encoding="utf-8"))
+  if "objective" not in fields and ("model_type" in fields
+                                    or "architectures" in fields):
+    raise ValueError(
+        f"{arg!r} holds a Hugging Face model, not an import of one; import it "
+        f"first with python -m bertjax.convert --from_hf={arg} "
+        "--workdir=NEW_WORKDIR, then pass --config=configs/hf.py:NEW_WORKDIR.")
+  return ml_collections.ConfigDict(fields)

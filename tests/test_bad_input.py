@@ -50,8 +50,9 @@ def trained_workdir(tmp_path_factory, demo_config, demo_data):
 @pytest.mark.parametrize("args,start,needle", [
     (["--config=configs/bert.py:tiny", "--config.mask_ratee=0.2"],
      "error: Unknown config field 'mask_ratee'", "--config.mask_rate?"),
-    (["--config=configs/bert.py:tinyy"], "error: Unknown model_size 'tinyy'",
-     "--config.model_size to one of tiny, mini"),
+    (["--config=configs/bert.py:tinyy"],
+     "error: Unknown size 'tinyy' after the config file's colon",
+     "pick one of tiny, mini"),
 ])
 def test_cli_config_mistakes_get_one_line(tmp_path, args, start, needle):
   workdir = tmp_path / "never"

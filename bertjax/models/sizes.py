@@ -43,6 +43,16 @@ def get_size(name: str) -> Size:
         f"{', '.join(SIZES)}.") from None
 
 
+def check_config_arg(name: str) -> None:
+  """Raises a ValueError when the size a config file was asked for (the
+  ``ARG`` of ``--config=FILE:ARG``) is not a row of SIZES."""
+  if name not in SIZES:
+    raise ValueError(
+        f"Unknown size {name!r} after the config file's colon "
+        f"(--config=FILE:{name}); pick one of {', '.join(SIZES)}, as in "
+        "--config=configs/bert.py:base.")
+
+
 def resolve(config) -> Size:
   """The encoder size of ``config``.
 
