@@ -73,8 +73,11 @@ def validate(config) -> None:
   attention.check_config(config)
   import jax
   from bertjax import sharding
-  shape = sharding.parse_mesh_shape(config.mesh_shape, jax.device_count())
-  check_sharded_dims(config, dict(zip(sharding.MESH_AXES, shape)))
+  shape = dict(zip(sharding.MESH_AXES, sharding.parse_mesh_shape(
+      config.mesh_shape, jax.device_count())))
+  check_sharded_dims(config, shape)
+  # Before any data is prepared: the same check as check_mesh, on the shape.
+  _check_batch(config, shape["data"] * shape["fsdp"], shape)
 
 
 # The config field behind each logical parameter axis, to name it in errors.
@@ -153,14 +156,17 @@ def check_sharded_dims(config, mesh_shape: dict[str, int]) -> None:
 
 def check_mesh(config, mesh) -> None:
   """The global batch must split evenly over the mesh's batch axes."""
-  import jax
   from bertjax import sharding
-  ways = sharding.batch_parallelism(mesh)
+  _check_batch(config, sharding.batch_parallelism(mesh), dict(mesh.shape))
+
+
+def _check_batch(config, ways: int, mesh_shape: dict[str, int]) -> None:
+  import jax
   micro = int(config.get("microbatches", 1))
   if config.batch_size % (ways * micro) or config.batch_size % jax.process_count():
     _fail("batch_size", config.batch_size,
           f"the global batch must be divisible by microbatches ({micro}) times "
-          f"the {ways} data-parallel devices (mesh {dict(mesh.shape)}), and by "
+          f"the {ways} data-parallel devices (mesh {mesh_shape}), and by "
           f"the {jax.process_count()} hosts")
 
 

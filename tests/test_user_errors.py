@@ -36,3 +36,15 @@ def test_a_hugging_face_directory_given_as_an_import_says_to_import_it(tmp_path)
   (tmp_path / "config.json").write_text(json.dumps(
       {"objective": "bert", "model": "bert", "model_type": "bert"}))
   assert config_files.load(f"hf:{tmp_path}").objective == "bert"
+
+
+def test_a_batch_the_devices_cannot_split_is_refused_before_any_data(demo_config):
+  # 8 CPU devices (conftest): the check used to wait for the mesh, after the
+  # corpus had been prepared into the workdir.
+  config = demo_config.copy_and_resolve_references()
+  config.batch_size = 12
+  with pytest.raises(ValueError, match=r"config\.batch_size=12 is invalid: "
+                     r".*8 data-parallel devices"):
+    config_validation.validate(config)
+  config.batch_size = 16
+  config_validation.validate(config)
