@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from absl import logging
 import jax
 import jax.numpy as jnp
 
@@ -104,12 +105,34 @@ def evaluate_params(config, params, prepared, mesh, model, objective, *,
   return record
 
 
-def write_record(workdir: str, record: dict[str, Any]) -> str:
-  """Writes ``record`` to ``workdir/eval_<step>.json`` (process 0 only)."""
-  path = paths.join(workdir, f"eval_{record['step']}.json")
+def write_record(workdir: str, record: dict[str, Any], *,
+                 keep_others: bool = False) -> str:
+  """Writes ``record`` to ``workdir/eval_<step>.json`` (process 0 only).
+
+  With ``keep_others`` (``bertjax.evaluate``), an existing record that says
+  something else (the training run's, or one with other settings) is kept
+  and this one goes to ``eval_<step>-2.json``, ``-3`` ... instead.
+  """
+  name = f"eval_{record['step']}"
+  path = paths.join(workdir, f"{name}.json")
+  if keep_others:
+    copy = 1
+    while paths.exists(path) and paths.read_json(path) != record:
+      copy += 1
+      path = paths.join(workdir, f"{name}-{copy}.json")
   if jax.process_index() == 0:
     paths.write_json(path, record, indent=1)
   return path
+
+
+def _require_prepared(data_dir: str) -> None:
+  """Evaluation reads the data a training run prepared; it never makes any
+  (the rest of the checks are prepare's, on what is there)."""
+  if not paths.exists(paths.join(data_dir, "bertjax_tokenized")):
+    raise ValueError(
+        f"No prepared data in {data_dir}; evaluate the workdir with the "
+        "--config.data_dir its training run used (by default the workdir's "
+        "own data/), or prepare it first with python -m bertjax.prepare.")
 
 
 def evaluate_checkpoint(config, workdir: str, step: int | None = None) -> dict[str, Any]:
@@ -139,7 +162,9 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None) -> dict[s
   # Evaluation reads only the parameters: just the layout has to agree.
   compat.check(checkpointer.saved_config(step), config, checkpointer.where(step),
                layout_only=True)
-  prepared = prepare.prepare(config, prepare.resolve_data_dir(config, workdir))
+  data_dir = prepare.resolve_data_dir(config, workdir)
+  _require_prepared(data_dir)
+  prepared = prepare.prepare(config, data_dir)
   config_validation.check_prepared(config, prepared)
   checkpointer.check_tokenizer(prepared.fingerprint, step)
   mesh = sharding.make_mesh(config.mesh_shape)
@@ -152,5 +177,6 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None) -> dict[s
   record = evaluate_params(config, state.params, prepared, mesh, model,
                            objectives.get_objective(config))
   record = {"step": step, **record}
-  write_record(workdir, record)
+  path = write_record(workdir, record, keep_others=True)
+  logging.info("Wrote %s.", path)
   return record

@@ -156,3 +156,32 @@ def test_cli_refuses_a_mesh_that_cannot_split_the_model(tmp_path):
   assert "--config.mesh_shape=-1,1,2" in last
   assert "Traceback" not in proc.stderr
   assert not workdir.exists()  # refused before prepare and device work
+
+
+def test_evaluate_never_prepares_data(trained_workdir, tmp_path, demo_config,
+                                      demo_data, no_device_work):
+  from bertjax import evaluation
+  before = snapshot(trained_workdir)
+  config = small_config(demo_config, demo_data, data_dir=str(tmp_path / "none"))
+  with pytest.raises(ValueError, match=r"^No prepared data in .*none; .*"
+                     r"python -m bertjax\.prepare"):
+    evaluation.evaluate_checkpoint(config, trained_workdir)
+  assert not (tmp_path / "none").exists()
+  assert snapshot(trained_workdir) == before
+
+
+def test_evaluate_keeps_the_training_runs_record(trained_workdir, demo_config,
+                                                  demo_data):
+  import json
+  from bertjax import evaluation
+  path = os.path.join(trained_workdir, "eval_2.json")
+  with open(path) as f:
+    training_record = json.load(f)
+  # One eval batch instead of the training run's two: another record.
+  config = small_config(demo_config, demo_data, eval_max_batches=1)
+  record = evaluation.evaluate_checkpoint(config, trained_workdir)
+  assert record != training_record
+  with open(path) as f:
+    assert json.load(f) == training_record
+  with open(os.path.join(trained_workdir, "eval_2-2.json")) as f:
+    assert json.load(f) == record
