@@ -43,7 +43,11 @@ class MetricWriter:
   """
 
   def __init__(self, workdir: str, *, filename: str = "metrics.jsonl",
-               remote_flush_seconds: float = REMOTE_FLUSH_SECONDS):
+               remote_flush_seconds: float = REMOTE_FLUSH_SECONDS,
+               resumed_at: int | None = None):
+    """``resumed_at``: the step a resumed run restarts from; what an
+    interrupted run logged after it is dropped (JSON rows) or purged
+    (TensorBoard), since those steps are about to be redone."""
     self._active = jax.process_index() == 0
     self._jsonl = None
     self._tb = None
@@ -52,7 +56,8 @@ class MetricWriter:
     if self._active:
       paths.makedirs(workdir)
       self._jsonl = paths.JsonLines(paths.join(workdir, filename),
-                                    min_interval_s=remote_flush_seconds)
+                                    min_interval_s=remote_flush_seconds,
+                                    drop_after_step=resumed_at)
       tb_dir = paths.join(workdir, "tensorboard")
       if paths.is_remote(tb_dir):
         # Event files are written locally and uploaded whole with the rows
@@ -60,7 +65,8 @@ class MetricWriter:
         self._tb_remote, tb_dir = tb_dir, paths.local_mirror(tb_dir)
       try:
         from tensorboardX import SummaryWriter
-        self._tb = SummaryWriter(tb_dir)
+        self._tb = SummaryWriter(tb_dir, purge_step=(
+            None if resumed_at is None else resumed_at + 1))
       except ImportError:  # TensorBoard files are optional; JSON lines are not.
         self._tb = None
 

@@ -137,6 +137,17 @@ def write_json(p: str | os.PathLike, obj, *, indent: int | None = None) -> None:
   write_text(p, json.dumps(obj, indent=indent))
 
 
+def _row_after(line: str, step: int) -> bool:
+  """Whether the JSON row ``line`` logs a step after ``step`` (a line that
+  does not parse, such as one cut short by a crash, is kept)."""
+  try:
+    row = json.loads(line)
+  except ValueError:
+    return False
+  return isinstance(row, dict) and isinstance(row.get("step"), int) and (
+      row["step"] > step)
+
+
 class JsonLines:
   """Appends JSON rows to one file; on an object store, rewrites it whole.
 
@@ -147,18 +158,34 @@ class JsonLines:
   row at once.
   """
 
-  def __init__(self, p: str | os.PathLike, *, min_interval_s: float = 0.0):
+  def __init__(self, p: str | os.PathLike, *, min_interval_s: float = 0.0,
+               drop_after_step: int | None = None):
+    """``drop_after_step``: a run resumed from that step's checkpoint redoes
+    the steps after it, so the rows an interrupted run logged for them are
+    dropped first (the file is rewritten whole, once); rows without a step
+    and rows up to it stay."""
     self.path = path(p)
     self._remote = is_remote(self.path)
     self._min_interval_s = float(min_interval_s)
     self._last_upload = -float("inf")
     self._dirty = False
+    if drop_after_step is not None and self.path.exists():
+      text = self.path.read_text(encoding="utf-8")
+      kept = [line for line in text.splitlines(keepends=True)
+              if not _row_after(line, drop_after_step)]
+      if len(kept) < len(text.splitlines()):
+        write_text(self.path, "".join(kept))
     if self._remote:
       self._text = self.path.read_text(encoding="utf-8") if self.path.exists() else ""
       self._file = None
     else:
       self.path.parent.mkdir(parents=True, exist_ok=True)
       self._file = open(self.path, "a", encoding="utf-8")
+      if self._file.tell():
+        with open(self.path, "rb") as f:
+          f.seek(-1, os.SEEK_END)
+          if f.read(1) != b"\n":  # a row cut short by a kill keeps its own line
+            self._file.write("\n")
 
   def write(self, row, *, flush: bool = False) -> bool:
     """Appends ``row``; returns whether the file is now complete where it

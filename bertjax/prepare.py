@@ -32,6 +32,7 @@ import tensorflow_datasets as tfds
 
 from bertjax import cli
 from bertjax import config_files
+from bertjax.data import layout
 from bertjax.data import prepare
 from bertjax.data import shards
 
@@ -84,6 +85,8 @@ def main(argv):
   if _VERIFY.value and _REPAIR.value:
     raise app.UsageError("Pass --verify (report only) or --repair, not both.")
   try:
+    # Before anything is read or written: a file where a directory should be.
+    layout.check_directories(config, _WORKDIR.value)
     if _VERIFY.value:
       damaged = any(r.problem for r in _verify(data_dir, required=True))
       if damaged:

@@ -34,6 +34,7 @@ from bertjax import sharding
 from bertjax import state as state_lib
 from bertjax import paths
 from bertjax import workdir_lock
+from bertjax.data import layout
 from bertjax.data import pipeline
 from bertjax.data import prepare
 
@@ -300,6 +301,7 @@ def train_and_evaluate(config, workdir: str, *,
     config_validation.validate(config)
     compat.allowed(config)  # a misspelt allow_changes fails before anything
     workdir = paths.absolute(workdir)
+    layout.check_directories(config, workdir)  # reads only: no file in the way
     newest = checkpointing.newest_saved_config(workdir)
     if newest is not None:  # read-only: a refusal leaves the workdir as it was
       newest_step, saved, where = newest
@@ -384,7 +386,8 @@ def _train_and_evaluate(config, workdir, stop_at_step, preemption):
                             microbatches=config.microbatches)
   eval_fn = evaluation.make_eval_step(config, mesh, model, objective)
   rng = jax.random.key(config.seed)
-  writer = metrics_lib.MetricWriter(workdir)
+  writer = metrics_lib.MetricWriter(
+      workdir, resumed_at=None if restored is None else step)
   progress = _Progress(config, step)
   best = checkpointing.BestCheckpoint(workdir)
   nonfinite = guards.NonFiniteGuard(config.nonfinite, config.max_consecutive_skips)

@@ -37,6 +37,7 @@ tokenizer loses characters to [UNK].
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -52,6 +53,7 @@ from bertjax import paths
 from bertjax.data import bucket_units
 from bertjax.data import builders
 from bertjax.data import knowledge
+from bertjax.data import layout
 from bertjax.data import shards
 from bertjax.data import staged
 from bertjax.data import text_sources
@@ -117,9 +119,8 @@ class PreparedData:
     return units.load_tokenizer(self.tokenizer_path)
 
 
-def resolve_data_dir(config, workdir: str) -> str:
-  """``config.data_dir`` if set, else ``<workdir>/data``."""
-  return paths.absolute(config.get("data_dir") or paths.join(workdir, "data"))
+# ``config.data_dir`` if set, else ``<workdir>/data`` (bertjax/data/layout.py).
+resolve_data_dir = layout.resolve_data_dir
 
 
 def _check_tokenizer(config, tok, path: str) -> None:
@@ -190,9 +191,22 @@ def _train_tokenizer(config, path: str, train: text_sources.Split,
   threads = config.get("tokenizer_train_threads", 1)
   # sentencepiece >= 0.2 sizes its suffix arrays itself (its old
   # train_extremely_large_corpus flag is ignored), so any sample size trains.
-  tok = tokenizer_lib.train(sample(), path, config.vocab_size, config.tokenizer,
-                            num_threads=threads)
+  try:
+    tok = tokenizer_lib.train(sample(), path, config.vocab_size, config.tokenizer,
+                              num_threads=threads)
+  except tokenizer_lib.VocabTooLargeError as e:
+    if total <= wanted:  # every sentence was used: the corpus is what limits
+      raise
+    raise ValueError(
+        f"The tokenizer's sample of about {wanted} of the ~{total} train "
+        f"sentences is too small for a {config.tokenizer} vocabulary of "
+        f"{config.vocab_size}; raise --config.tokenizer_sample_sentences (up "
+        f"to the corpus's ~{total}) or set --config.vocab_size to at most "
+        f"{e.max_vocab}.") from None
   stage.remove()
+  # The sample's now empty directory too: tokenizers/ keeps only the models.
+  with contextlib.suppress(OSError):
+    os.rmdir(f"{path}.sample")
   logging.info("Trained tokenizer %s (%d threads) in %.1f s.", path, threads,
                time.time() - start)
   return tok
@@ -337,6 +351,8 @@ def prepare(config, data_dir: str, *, beam_runner: str = "",
     raise ValueError(
         f"Unknown tokenizer type {config.tokenizer!r}; set --config.tokenizer to "
         f"one of {', '.join(tokenizer_lib.MODEL_TYPES)}.")
+  # A file where a directory is to be written is refused before any write.
+  layout.check_data_dir(config, data_dir)
   spans = (knowledge.Settings.from_config(config)
            if config.get("knowledge_spans", False) else None)
   engine = engine_of(config, beam_runner, beam_options)

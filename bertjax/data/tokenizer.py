@@ -77,6 +77,15 @@ def fits_config(model_type: str, config_tokenizer: str) -> bool:
   return base == _MODEL_TYPES.get(config_tokenizer)
 
 
+class VocabTooLargeError(ValueError):
+  """The training text holds fewer distinct pieces than ``vocab_size`` asks;
+  ``max_vocab`` is the largest size it allows (sentencepiece's figure)."""
+
+  def __init__(self, message: str, max_vocab: int):
+    super().__init__(message)
+    self.max_vocab = max_vocab
+
+
 class Tokenizer:
   """A trained sentencepiece model with bertjax's fixed special-token ids.
 
@@ -222,10 +231,10 @@ def train(sentences: Iterable[str], model_path: str, vocab_size: int,
   except RuntimeError as e:
     too_high = _TOO_HIGH.search(str(e))
     if too_high:
-      raise ValueError(
+      raise VocabTooLargeError(
           f"The training corpus is too small for a {model_type} vocabulary of "
           f"{vocab_size}; set --config.vocab_size to at most {too_high.group(2)} "
-          f"(or add text).") from None
+          f"(or add text).", int(too_high.group(2))) from None
     too_low = _TOO_LOW.search(str(e))
     if too_low:
       # The specials, the 256 byte pieces and one piece per character of the

@@ -20,6 +20,7 @@ Progress is reported as units finish: documents, MB of input, MB/s and ETA.
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import signal
@@ -65,11 +66,23 @@ class Progress:
       return
     self._last = now
     rate = self._bytes / max(now - self._start, 1e-9)
-    eta = (self.total_bytes - self._bytes) / rate if rate else float("inf")
+    left = self.total_bytes - self._bytes
+    # Zero bytes so far (empty files) give no rate: the ETA is unknown, or
+    # nothing when no bytes are left either.
+    eta = 0.0 if left <= 0 else (left / rate if rate > 0 else float("inf"))
     logging.info("%s: %d/%d units, %d documents, %.1f/%.1f MB, %.2f MB/s, ETA %s",
                  self._what, self._done_units, self._units, self._docs,
                  self._bytes / 1e6, self.total_bytes / 1e6, rate / 1e6,
-                 time.strftime("%H:%M:%S", time.gmtime(max(eta, 0))))
+                 format_eta(eta))
+
+
+def format_eta(seconds: float) -> str:
+  """Seconds as HH:MM:SS (hours past 24 counted on, not wrapped to a day);
+  'unknown' for inf or nan (no rate yet)."""
+  if not math.isfinite(seconds):
+    return "unknown"
+  total = max(int(round(seconds)), 0)
+  return f"{total // 3600:02d}:{total // 60 % 60:02d}:{total % 60:02d}"
 
 
 def run(run_unit: Callable[[Any], dict[str, Any]], tasks: Sequence[Any], *,
