@@ -83,8 +83,14 @@ class Model:
 
   @property
   def has_mlm_head(self) -> bool:
-    """False when the checkpoint had no MLM head (a bare encoder)."""
-    return "mlm" not in self.fresh_heads
+    """False when the checkpoint had no MLM head (a bare encoder), or its
+    model is ELECTRA's discriminator (replaced-token detection; its
+    generator is not loaded)."""
+    return "mlm" not in self.fresh_heads and not self._replaced_token_detection
+
+  @property
+  def _replaced_token_detection(self) -> bool:
+    return self.config.get("model") == "electra"
 
   def tokenize(self, texts: Sequence[str | tuple[str, str]],
                max_length: int | None = None) -> dict[str, np.ndarray]:
@@ -195,6 +201,12 @@ class Model:
     """
     from bertjax import fill_mask as fill_mask_lib
     inputs, where = fill_mask_lib.mask_inputs(self, text)
+    if self._replaced_token_detection:
+      raise ValueError(
+          "This is an ELECTRA-style checkpoint (ELECTRA, DeBERTa-v3): its "
+          "discriminator tells original from replaced tokens and has no MLM "
+          "head to fill masks with; fill masks with a masked-LM checkpoint "
+          "(BERT, RoBERTa, ALBERT, DeBERTa, ...).")
     if not self.has_mlm_head:
       raise ValueError("This checkpoint has no MLM head to fill masks with; "
                        "load a pretrained masked-LM checkpoint instead.")

@@ -115,3 +115,23 @@ def test_fill_mask_ranks_by_the_mlm_head(demo_config, demo_data):
     assert all(p["token_id"] >= batch_lib.NUM_SPECIAL_TOKENS for p in predictions)
   with pytest.raises(ValueError, match="has no \\[MASK\\]"):
     model.fill_mask("Nothing to fill.")
+
+
+def test_fill_mask_on_an_electra_discriminator_says_why_not(demo_data):
+  # ELECTRA's discriminator has no MLM head (its generator is not loaded):
+  # one sentence instead of a KeyError, and no MLM logits from run().
+  import jax
+  from flax import linen as nn
+  from bertjax import api
+  from bertjax import config_files
+  from bertjax.convert import core
+  config = config_files.shipped("electra").get_config("tiny").to_dict()
+  module = core.build_model(config)
+  params = jax.tree_util.tree_map(np.array, nn.meta.unbox(
+      core._boxed_init(module, jax.random.key(0))))
+  model = api.Model(config, params, demo_data.tokenizer())
+  assert not model.has_mlm_head
+  with pytest.raises(ValueError, match=r"^This is an ELECTRA-style checkpoint"):
+    model.fill_mask("A [MASK] returns a value.")
+  out = model.encode(["A function returns a value."])
+  assert "mlm_logits" not in out and out["rtd_logits"].shape == out["mask"].shape
