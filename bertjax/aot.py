@@ -33,6 +33,7 @@ from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
 from bertjax import batch as batch_lib  # noqa: E402
+from bertjax import cli  # noqa: E402
 from bertjax import config_files  # noqa: E402
 from bertjax import config_validation  # noqa: E402
 from bertjax import flops  # noqa: E402
@@ -257,4 +258,4 @@ def main(argv):
 
 if __name__ == "__main__":
   flags.mark_flag_as_required("config")
-  app.run(main)
+  cli.run(main)

@@ -128,7 +128,7 @@ def test_bad_input_is_refused_before_training(demo_data, tmp_path):
   per_step = flops.step_flops(configs["bert"])
   with pytest.raises(ValueError, match="share a step"):
     core.run({"bert": configs["bert"]}, 1.5 * per_step, str(tmp_path / "a"), points=3)
-  with pytest.raises(ValueError, match="did you mean --config.seq_len"):
+  with pytest.raises(ValueError, match=r"did you mean --set=seq_len=\.\.\.\?$"):
     core.load_configs(["bert"], "tiny", ["seq_lenn=32"])
   with pytest.raises(ValueError, match="not of type int"):
     core.load_configs(["bert"], "tiny", ["seq_len=long"])
@@ -138,6 +138,11 @@ def test_bad_input_is_refused_before_training(demo_data, tmp_path):
     core.run({"bert": configs["bert"]}, 4 * per_step, str(tmp_path / "a"), points=2,
              tasks=["cloze_qa"], finetune_overrides=["seq_len=64", "max_query_tokens=48"])
   assert not (tmp_path / "a").exists()
+  (tmp_path / "afile").write_text("mine")
+  with pytest.raises(ValueError, match=r"--workdir=.*afile is a file"):
+    core.run({"bert": configs["bert"]}, 4 * per_step, str(tmp_path / "afile"),
+             points=2)
+  assert (tmp_path / "afile").read_text() == "mine"
 
 
 def test_an_objective_that_cannot_be_fine_tuned_is_reported_so():

@@ -117,8 +117,10 @@ def parse_value(config, field: str, text: str):
     ValueError: the config has no such field, or the text is not of its type.
   """
   unknown = cli.unknown_field(config, field)
-  if unknown:
-    raise ValueError(unknown)
+  if unknown:  # in the study's own flag: --set=FIELD=VALUE
+    raise ValueError(unknown.replace(
+        " Run with --helpfull to list the flags.", "").replace(
+            "?", "=...?").replace("--config.", "--set="))
   node = config
   for part in field.split(".")[:-1]:
     node = node[part]
@@ -322,6 +324,7 @@ def run(configs: Mapping[str, ml_collections.ConfigDict], budget: float, workdir
   """
   from bertjax.study import report
   report.check_plotting()
+  paths.require_directory(workdir, "--workdir")
   root = paths.absolute(workdir)
   plans = plan(configs, budget, root, points=points, spacing=spacing)
   tasks = tuple(tasks)
