@@ -12,6 +12,8 @@ Layout of the package:
   hf_files.py       reading/writing HF directories (safetensors needs no torch)
   hf_tokenizers.py  the imported model's own tokenizer, with bertjax's ids
   workdir.py        import into / export from an orbax checkpoint workdir
+  export_target.py  which --to_hf directories an export may write (or replace)
+  spm_export.py     a bertjax-trained sentencepiece tokenizer as HF files
 
 Adding an architecture: write ``bertjax/convert/<model_type>.py`` with the
 attributes of ``bert.py`` (MODEL_TYPE, BERTJAX_MODEL, HF_ARCHITECTURE,

@@ -13,7 +13,12 @@ Export (bertjax -> HF), loadable by transformers' BertForPreTraining,
 RobertaForMaskedLM or AlbertForPreTraining:
 
   python -m bertjax.convert --to_hf=/tmp/bb-hf --workdir=/tmp/bb [--step=N] \
-      [--model_type=roberta]
+      [--model_type=roberta] [--overwrite]
+
+--to_hf must be a new or empty directory, or one holding an earlier export
+(then --overwrite replaces it: only the files that export wrote are removed);
+a bertjax workdir or a directory of other files is refused
+(bertjax/convert/export_target.py).
 """
 
 import json
@@ -32,6 +37,9 @@ _STEP = flags.DEFINE_integer("step", None, "Checkpoint step to export; default t
 _MODEL_TYPE = flags.DEFINE_string(
     "model_type", None, "HF model_type to export as; default the imported one, else "
     "bert/albert. 'roberta' writes a bertjax BERT without sentence head as RoBERTa.")
+_OVERWRITE = flags.DEFINE_bool(
+    "overwrite", False, "Let --to_hf replace an earlier export in its directory "
+    "(only the files that export wrote are removed).")
 _CONFIG = config_files.define_config_flag(
     "Base config for an import, e.g. configs/bert.py:base.", lock_config=False)
 flags.mark_flags_as_required(["workdir"])
@@ -46,12 +54,13 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   if bool(_FROM_HF.value) == bool(_TO_HF.value):
     raise ValueError("Pass exactly one of --from_hf=DIR (import) or --to_hf=DIR (export).")
+  paths.require_directory(_WORKDIR.value, "--workdir")
   from bertjax import convert
   from bertjax.convert import hf_files
   from bertjax.convert import workdir as workdir_lib
   if _TO_HF.value:
     result = workdir_lib.export_hf(_WORKDIR.value, _TO_HF.value, _STEP.value,
-                                   _MODEL_TYPE.value)
+                                   _MODEL_TYPE.value, overwrite=_OVERWRITE.value)
     print(json.dumps({"exported_step": result["step"], "to": _TO_HF.value,
                       "tokenizer_files": result["tokenizer_files"]}), flush=True)
     return

@@ -11,15 +11,20 @@ head reads the last layer. So:
   import  sets ``emd_layers=0``, so that bertjax computes what transformers
           computes (hidden states and MLM logits both match). A position
           table in a checkpoint with ``position_biased_input=False`` (the
-          original EMD's, which transformers ignores too) is reported unused.
+          original EMD's, which transformers ignores too) is reported unused
+          and kept as saved beside the checkpoint (``KEPT_WHOLE``, in the
+          workdir's hf_kept_tensors.safetensors), so that the export writes
+          it back and export -> import -> export stays bit-identical.
   export  writes the encoder and the MLM head. EMD has no weights of its own
           (it re-runs the last layer) except the absolute position table; that
-          is written as ``deberta.embeddings.position_embeddings.weight``,
-          which transformers lists as unexpected and skips on load, without a
-          warning (its ``_keys_to_ignore_on_load_unexpected``), as it does for
-          the original checkpoints; nothing is lost on disk, but
-          transformers' MLM logits of an
-          EMD-trained model are those of the last layer without EMD.
+          is written as ``deberta.embeddings.position_embeddings.weight``.
+          DebertaV2ForMaskedLM (transformers 4.57 checked) lists it as
+          unexpected and skips it with its usual warning ("Some weights of
+          the model checkpoint ... were not used"; only the bare
+          DebertaV2Model ignores it by name, without a warning), as it does
+          for the original checkpoints; nothing is lost on disk, but
+          transformers' MLM logits of an EMD-trained model are those of the
+          last layer without EMD.
           bertjax's optional SOP head (pooler + sop) has no place in
           DebertaV2ForMaskedLM and is left out.
 Refused on import, with the reason: ``relative_attention=False`` (v1-style
@@ -57,6 +62,9 @@ BASE_PREFIX = "deberta."
 # Buffers and the tied decoder of the legacy head.
 IGNORED = ("deberta.embeddings.position_ids", "cls.predictions.decoder.weight",
            "cls.predictions.decoder.bias")
+# HF tensors with no bertjax parameter once imported (emd_layers=0) that the
+# import keeps whole for the export: the EMD's absolute position table.
+KEPT_WHOLE = ("deberta.embeddings.position_embeddings.weight",)
 # DebertaV2Tokenizer's defaults; v3 puts them at 0 [PAD], 1 [CLS], 2 [SEP],
 # 3 [UNK] and [MASK] after the sentencepiece pieces.
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")

@@ -9,7 +9,8 @@ An import writes, under the workdir:
   tokenizer/         the model's tokenizer files plus bertjax_tokenizer.json
   hf_kept_tensors.safetensors
                      only where the mapping drops HF rows (RoBERTa's first
-                     position rows): those rows as saved, for the export
+                     position rows) or whole tensors (DeBERTa's EMD table,
+                     ``KEPT_WHOLE``): those as saved, for the export
 
 The config is the user's base config (training hyperparameters, data) with
 the model fields taken from the HF config.json: explicit ``num_layers,
@@ -41,8 +42,10 @@ from etils import epath
 from bertjax import convert
 from bertjax import paths
 from bertjax.convert import core
+from bertjax.convert import export_target
 from bertjax.convert import hf_files
 from bertjax.convert import hf_tokenizers
+from bertjax.convert import spm_export
 
 TOKENIZER_DIR = "tokenizer"
 CONFIG_FILE = "config.json"
@@ -116,6 +119,8 @@ def _load_hf(hf_dir: str, tokenizer_dir: str | None, seed: int):
   params, initialised, unused = core.hf_to_params(
       mapping, fields, tensors, shapes, tokenizer.order, seed)
   kept = core.dropped_rows(mapping, fields, tensors)
+  kept.update({name: tensors[name] for name in getattr(mapping, "KEPT_WHOLE", ())
+               if name in tensors and name in unused})
   return fields, params, initialised, unused, tokenizer, kept
 
 
@@ -187,6 +192,7 @@ def import_hf(hf_dir: str, workdir: str, base_config) -> ImportReport:
   from bertjax import optim
   from bertjax import state as state_lib
 
+  paths.require_directory(workdir, "--workdir")
   workdir = _absolute(workdir)
   checkpoints = workdir / "checkpoints"
   if checkpoints.is_dir() and any(checkpoints.iterdir()):
@@ -232,6 +238,16 @@ def import_hf(hf_dir: str, workdir: str, base_config) -> ImportReport:
   return ImportReport(config, initialised, unused, tokenizer)
 
 
+def _not_an_encoder(workdir: str, config: dict[str, Any]) -> str:
+  if "task" in config:
+    return (f"{workdir} is a fine-tuning workdir (python -m bertjax.finetune: "
+            f"task {config['task']!r}), whose checkpoints hold a task head that "
+            "Hugging Face's pretraining classes have no place for; export the "
+            "pretraining workdir it was fine-tuned from (its --init) instead.")
+  return (f"The checkpoints in {workdir} record no model in their config; pass "
+          "--workdir a bertjax pretraining or import workdir.")
+
+
 def load_params(workdir: str, step: int | None = None) -> tuple[dict[str, Any], Any, int]:
   """(saved config dict, params as numpy, step) of a bertjax workdir's checkpoint.
 
@@ -251,6 +267,8 @@ def load_params(workdir: str, step: int | None = None) -> tuple[dict[str, Any], 
                      f"pass --step as one of {sorted(steps)}.")
   config = checkpointer.saved_config(step)
   checkpointer.close()
+  if "model" not in config:
+    raise ValueError(_not_an_encoder(workdir, config))
   # Every array lands on this process's first device: the checkpoint may come
   # from a mesh of devices this process does not have (8 TPU chips, a laptop).
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
@@ -271,29 +289,15 @@ def load_params(workdir: str, step: int | None = None) -> tuple[dict[str, Any], 
 
 
 def _bertjax_tokenizer_files(config: dict[str, Any], workdir: str, out_dir: str) -> list[str]:
-  """Exports a tokenizer bertjax trained (sentencepiece) as an HF one.
-
-  The model file goes in as ``spiece.model`` read by transformers'
-  AlbertTokenizer with casing and accents kept, which splits text the way
-  sentencepiece itself does; the special tokens keep their names and ids.
-  """
-  from bertjax import batch as batch_lib
+  """Exports a tokenizer bertjax trained (sentencepiece) as an HF one
+  (``spm_export``); the names written."""
   data_dir = config.get("data_dir") or paths.join(workdir, "data")
   models = sorted(paths.path(data_dir).glob("tokenizers/*.model"))
   if not models:
     logging.warning("No tokenizer under %s/tokenizers; exported the weights only.",
                     data_dir)
     return []
-  models[0].copy(paths.path(out_dir) / "spiece.model", overwrite=True)
-  pad, unk, cls, sep, mask = batch_lib.SPECIAL_TOKENS
-  specials = dict(pad_token=pad, unk_token=unk, cls_token=cls, sep_token=sep,
-                  mask_token=mask, bos_token=cls, eos_token=sep)
-  paths.write_json(paths.join(out_dir, "tokenizer_config.json"), dict(
-      tokenizer_class="AlbertTokenizer", do_lower_case=False, keep_accents=True,
-      remove_space=True, model_max_length=int(config["max_position_embeddings"]),
-      **specials), indent=2)
-  paths.write_json(paths.join(out_dir, "special_tokens_map.json"), specials, indent=2)
-  return ["spiece.model", "tokenizer_config.json", "special_tokens_map.json"]
+  return spm_export.write(config, str(models[0]), out_dir)
 
 
 def _kept_tensors(config: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -307,12 +311,14 @@ def _kept_tensors(config: dict[str, Any]) -> dict[str, np.ndarray]:
 
 
 def export_hf(workdir: str, out_dir: str, step: int | None = None,
-              model_type: str | None = None) -> dict[str, Any]:
+              model_type: str | None = None, overwrite: bool = False) -> dict[str, Any]:
   """Writes a workdir's checkpoint as an HF model directory.
 
   ``transformers.<HF_ARCHITECTURE>.from_pretrained(out_dir)`` (BERT:
   BertForPreTraining, RoBERTa: RobertaForMaskedLM, ALBERT:
   AlbertForPreTraining) loads it with no missing or unexpected weights.
+  ``out_dir`` is checked before anything is read (``export_target``): new or
+  empty, or an earlier export with ``overwrite``; never a bertjax workdir.
 
   Args:
     workdir: a bertjax workdir with checkpoints.
@@ -321,11 +327,14 @@ def export_hf(workdir: str, out_dir: str, step: int | None = None,
     model_type: the HF model_type to write; None for the one the import
       recorded, else the default of config.model ('bert' or 'albert'). A
       bertjax BERT without sentence head can be written as 'roberta'.
+    overwrite: replace an earlier export in ``out_dir`` (its files only).
 
   Returns:
     {'step': the exported step, 'tokenizer_files': names written}.
   """
   from bertjax import batch as batch_lib
+  paths.require_directory(workdir, "--workdir")
+  earlier = export_target.check(out_dir, workdir, overwrite)
   workdir = paths.absolute(workdir)
   config, params, step = load_params(workdir, step)
   dims = core.model_dims(config)
@@ -340,17 +349,25 @@ def export_hf(workdir: str, out_dir: str, step: int | None = None,
   pad_id = special[0] if special else batch_lib.PAD_ID
   if hasattr(mapping, "fold_params"):  # e.g. DeBERTa-v3's embedding delta
     params = mapping.fold_params(dims, params)
-  tensors = core.params_to_hf(mapping, dims, params, core.vocab_order(config),
-                              _kept_tensors(config))
+  kept = _kept_tensors(config)
+  tensors = core.params_to_hf(mapping, dims, params, core.vocab_order(config), kept)
+  # Whole tensors an import kept that no rule writes (DeBERTa's EMD table).
+  for name in getattr(mapping, "KEPT_WHOLE", ()):
+    if name in kept and name not in tensors:
+      tensors[name] = kept[name]
   companions = {}
   if hasattr(mapping, "split_companion"):  # ELECTRA's generator, see read_companion
     tensors, companions = mapping.split_companion(dims, pad_id, tensors)
+  export_target.remove_earlier(out_dir, earlier)
   hf_files.write(out_dir, mapping.hf_config(dims, pad_id), tensors)
+  written = [CONFIG_FILE, hf_files.SAFETENSORS]
   for subdir, (companion_config, companion) in companions.items():
     hf_files.write(paths.join(out_dir, subdir), companion_config, companion)
+    written += [f"{subdir}/{CONFIG_FILE}", f"{subdir}/{hf_files.SAFETENSORS}"]
   tok_path = config.get("tokenizer_path")
   if config.get("tokenizer") == "hf" and tok_path and paths.isdir(tok_path):
     files = hf_files.copy_tokenizer_files(tok_path, out_dir)
   else:
     files = _bertjax_tokenizer_files(config, workdir, out_dir)
+  export_target.write_manifest(out_dir, written + files, workdir, step)
   return {"step": step, "tokenizer_files": files}

@@ -1,0 +1,125 @@
+"""Where ``--to_hf`` may write, checked before anything is loaded or written.
+
+The rule (also in docs/interop.md):
+  * a path that does not exist, or an empty directory: written;
+  * a bertjax workdir (the ``--workdir`` itself, or any directory with a
+    ``checkpoints/`` entry or a bertjax ``config.json``): refused, since the
+    HF config.json would replace bertjax's;
+  * a directory holding an earlier export (it has ``MANIFEST``, which every
+    export writes, listing its files): refused unless ``overwrite``; with it
+    the files that manifest lists are removed first, so nothing stale of the
+    earlier export stays (an ELECTRA's ``generator/`` under a BERT);
+  * any other non-empty directory, or an earlier export beside which the
+    user put a file of a name an export writes: refused. Nothing that an
+    export did not write is ever deleted or overwritten.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Iterable
+
+from etils import epath
+
+from bertjax import paths
+from bertjax.convert import hf_files
+
+MANIFEST = "bertjax_export.json"
+# Every name an export may write at the top of its directory (a companion
+# such as ELECTRA's generator is a subdirectory of config.json + weights).
+_EXPORT_NAMES = frozenset(("config.json", hf_files.SAFETENSORS, "generator", MANIFEST,
+                           *hf_files.TOKENIZER_FILES))
+_COMPANION_NAMES = frozenset(("config.json", hf_files.SAFETENSORS))
+
+
+def _is_bertjax_workdir(directory: epath.Path) -> bool:
+  if (directory / "checkpoints").exists():
+    return True
+  config = directory / "config.json"
+  if not config.is_file():
+    return False
+  try:
+    saved = json.loads(config.read_text())
+  except (ValueError, UnicodeDecodeError):
+    return False
+  # HF's config.json names a model_type; bertjax's a model or a task.
+  return isinstance(saved, dict) and "model_type" not in saved and (
+      "model" in saved or "task" in saved)
+
+
+def _earlier_files(directory: epath.Path) -> list[str] | None:
+  """The relative names an earlier export listed, or None if there is none."""
+  manifest = directory / MANIFEST
+  if not manifest.is_file():
+    return None
+  try:
+    files = json.loads(manifest.read_text())["files"]
+  except (ValueError, KeyError, TypeError):
+    return None
+  return [str(f) for f in files]
+
+
+def _exportable(name: str) -> bool:
+  """Whether ``name`` (relative, '/'-separated) is one an export writes."""
+  parts = name.split("/")
+  if len(parts) == 1:
+    return parts[0] in _EXPORT_NAMES
+  return len(parts) == 2 and parts[0] == "generator" and parts[1] in _COMPANION_NAMES
+
+
+def check(out_dir: str, workdir: str, overwrite: bool) -> list[str]:
+  """Refuses an export target (one-sentence ValueError) per the module rule.
+
+  Returns:
+    The earlier export's files to remove before writing (empty if none).
+  """
+  paths.require_directory(out_dir, "--to_hf")
+  target = paths.path(out_dir)
+  if paths.absolute(out_dir) == paths.absolute(workdir):
+    raise ValueError(
+        f"--to_hf={out_dir} is the --workdir itself, whose config.json and "
+        "checkpoints the export would overwrite; pass --to_hf a new directory.")
+  if not target.exists() or not any(target.iterdir()):
+    return []
+  if _is_bertjax_workdir(target):
+    raise ValueError(
+        f"--to_hf={out_dir} is a bertjax workdir, whose config.json the export "
+        "would overwrite; pass --to_hf a new directory.")
+  earlier = _earlier_files(target)
+  if earlier is None:
+    raise ValueError(
+        f"--to_hf={out_dir} is a non-empty directory that holds no earlier "
+        "bertjax export; pass --to_hf a new or empty directory.")
+  if not overwrite:
+    raise ValueError(
+        f"--to_hf={out_dir} holds an earlier export; pass --overwrite to replace "
+        "it (only the files that export wrote are removed) or pass a new directory.")
+  listed = {f for f in earlier if _exportable(f)}
+  strangers = sorted(e.name for e in target.iterdir() if _exportable(e.name)
+                     and e.name not in listed and e.name != MANIFEST
+                     and not (e.name == "generator" and any(
+                         f.startswith("generator/") for f in listed)))
+  if strangers:
+    raise ValueError(
+        f"--to_hf={out_dir} holds {strangers[0]}, which the earlier export did "
+        "not write and this one may overwrite; move it away or pass a new directory.")
+  return sorted(listed) + [MANIFEST]
+
+
+def remove_earlier(out_dir: str, files: Iterable[str]) -> None:
+  """Deletes an earlier export's files (``check``'s list), and ``generator/``
+  when that leaves it empty; nothing else."""
+  target = paths.path(out_dir)
+  for name in files:
+    path = target / name
+    if path.is_file():
+      path.unlink()
+  generator = target / "generator"
+  if generator.is_dir() and not any(generator.iterdir()):
+    generator.rmdir()
+
+
+def write_manifest(out_dir: str, files: Iterable[str], workdir: str, step: int) -> None:
+  """Records what an export wrote, so a later --overwrite removes exactly that."""
+  paths.write_json(paths.join(out_dir, MANIFEST), {
+      "files": sorted(files), "workdir": str(workdir), "step": int(step)}, indent=2)
