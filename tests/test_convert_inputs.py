@@ -165,6 +165,9 @@ def test_finetuning_workdir_export_says_what_to_export(spanbert, tmp_path):
   line = _one_sentence(_cli(f"--to_hf={tmp_path / 'hf'}", f"--workdir={finetuned}"))
   assert "is a fine-tuning workdir" in line and "its --init" in line
   assert not (tmp_path / "hf").exists()
+  import bertjax  # --fill_mask and bertjax.load say the same
+  with pytest.raises(ValueError, match=r"is a fine-tuning workdir .*its --init"):
+    bertjax.load(finetuned)
 
 
 def test_deberta_emd_table_survives_export_import_export(tmp_path):

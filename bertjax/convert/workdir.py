@@ -241,8 +241,8 @@ def import_hf(hf_dir: str, workdir: str, base_config) -> ImportReport:
 def _not_an_encoder(workdir: str, config: dict[str, Any]) -> str:
   if "task" in config:
     return (f"{workdir} is a fine-tuning workdir (python -m bertjax.finetune: "
-            f"task {config['task']!r}), whose checkpoints hold a task head that "
-            "Hugging Face's pretraining classes have no place for; export the "
+            f"task {config['task']!r}), whose checkpoints hold a task head, not "
+            "a pretrained model to load, fill masks with or export; use the "
             "pretraining workdir it was fine-tuned from (its --init) instead.")
   return (f"The checkpoints in {workdir} record no model in their config; pass "
           "--workdir a bertjax pretraining or import workdir.")
