@@ -125,12 +125,14 @@ def write_record(workdir: str, record: dict[str, Any], *,
   return path
 
 
-def _require_prepared(data_dir: str) -> None:
+def _require_prepared(config, data_dir: str) -> None:
   """Evaluation reads the data a training run prepared; it never makes any
   (the rest of the checks are prepare's, on what is there)."""
-  if not paths.exists(paths.join(data_dir, "bertjax_tokenized")):
+  from bertjax.data import layout
+  if not paths.exists(layout.tokenized_dir(config, data_dir)):
     raise ValueError(
-        f"No prepared data in {data_dir}; evaluate the workdir with the "
+        f"No prepared data for --config.dataset={config.get('dataset')} in "
+        f"{data_dir}; evaluate the workdir with the "
         "--config.data_dir its training run used (by default the workdir's "
         "own data/), or prepare it first with python -m bertjax.prepare.")
 
@@ -163,7 +165,7 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None) -> dict[s
   compat.check(checkpointer.saved_config(step), config, checkpointer.where(step),
                layout_only=True)
   data_dir = prepare.resolve_data_dir(config, workdir)
-  _require_prepared(data_dir)
+  _require_prepared(config, data_dir)
   prepared = prepare.prepare(config, data_dir)
   config_validation.check_prepared(config, prepared)
   checkpointer.check_tokenizer(prepared.fingerprint, step)

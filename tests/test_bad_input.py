@@ -163,7 +163,7 @@ def test_evaluate_never_prepares_data(trained_workdir, tmp_path, demo_config,
   from bertjax import evaluation
   before = snapshot(trained_workdir)
   config = small_config(demo_config, demo_data, data_dir=str(tmp_path / "none"))
-  with pytest.raises(ValueError, match=r"^No prepared data in .*none; .*"
+  with pytest.raises(ValueError, match=r"^No prepared data for .* in .*none; .*"
                      r"python -m bertjax\.prepare"):
     evaluation.evaluate_checkpoint(config, trained_workdir)
   assert not (tmp_path / "none").exists()

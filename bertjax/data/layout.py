@@ -24,14 +24,20 @@ def resolve_data_dir(config, workdir: str) -> str:
   return paths.absolute(config.get("data_dir") or paths.join(workdir, "data"))
 
 
+def tokenized_dir(config, data_dir: str) -> str:
+  """Where prepare keeps ``config``'s tokenized shards under ``data_dir``."""
+  key = builders.source_key(config.get("dataset") or "")
+  spans = bool(config.get("knowledge_spans", False))
+  return paths.join(data_dir, "bertjax_tokenized",
+                    key + (builders.KNOWLEDGE_SUFFIX if spans else ""), _VERSION)
+
+
 def written_directories(config, data_dir: str) -> list[str]:
   """The directories under ``data_dir`` that prepare may create for ``config``."""
   dataset = config.get("dataset") or ""
   key = builders.source_key(dataset)
   spans = bool(config.get("knowledge_spans", False))
-  out = [paths.join(data_dir, "tokenizers"),
-         paths.join(data_dir, "bertjax_tokenized",
-                    key + (builders.KNOWLEDGE_SUFFIX if spans else ""), _VERSION)]
+  out = [paths.join(data_dir, "tokenizers"), tokenized_dir(config, data_dir)]
   if spans:
     out.append(paths.join(data_dir, "knowledge", key))
   name, _, cfg = dataset.partition("/")
