@@ -38,6 +38,11 @@ from bertjax import state as state_lib
 ITEMS = ("state", "data", "config")
 
 
+class StateMismatch(ValueError):
+  """An intact checkpoint (its checksums match) that does not restore into
+  the state the config builds: another model, not damage."""
+
+
 class NoUsableCheckpoint(ValueError):
   """Every checkpoint of the workdir was damaged and has been set aside."""
 
@@ -312,7 +317,7 @@ class Checkpointer:
     first = (str(error).strip().splitlines() or [""])[0][:200]
     cause = f"{type(error).__name__}: {first}"
     if self.verify(step).status == manifest_lib.OK:
-      raise ValueError(
+      raise StateMismatch(
           f"{self.where(step)} is intact (its checksums match) but does not "
           f"restore into the state this config builds ({cause}); resume it with "
           "the config it was trained with, or pass a new --workdir.") from error

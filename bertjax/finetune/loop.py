@@ -49,9 +49,11 @@ from bertjax import compat
 from bertjax import guards
 from bertjax import metrics as metrics_lib
 from bertjax import optim
+from bertjax import paths
 from bertjax import sharding
 from bertjax import state as state_lib
 from bertjax import train
+from bertjax.finetune import encoder_init
 from bertjax.finetune import features as features_lib
 from bertjax.finetune import metrics as task_metrics
 from bertjax.finetune import objective as objective_lib
@@ -64,32 +66,9 @@ MAIN_METRIC = {"classification": "accuracy", "regression": "pearson",
 
 
 # ----------------------------------------------------------------- the encoder
-def load_init(init: str) -> tuple[dict[str, Any], Any, Any]:
-  """(encoder config fields, params as numpy, tokenizer) of a bertjax workdir or
-  an HF model directory (read-only)."""
-  from bertjax import api
-  from bertjax.convert import workdir as workdir_lib
-  if not init:
-    raise ValueError("No --init; pass a bertjax workdir or a Hugging Face model "
-                     "directory to fine-tune.")
-  path = os.path.abspath(init)
-  if os.path.isdir(os.path.join(path, "checkpoints")):
-    with checkpointing.quiet_read_only():
-      fields, params, _ = workdir_lib.load_params(path)
-    return dict(fields), params, api._workdir_tokenizer(fields, path)  # noqa: SLF001
-  if api._is_hf_dir(path):  # noqa: SLF001
-    fields, params, _, _, tokenizer = workdir_lib.load_hf(path)
-    return dict(fields), params, tokenizer
-  raise ValueError(f"--init {init} is neither a bertjax workdir (no checkpoints/) "
-                   "nor a Hugging Face model directory (config.json + weights).")
-
-
-def _encoder_layout(fields: dict[str, Any]) -> tuple[int, bool]:
-  """(pair separators, single segment) of the encoder, as ``api.Model`` reads them."""
-  from bertjax import convert
-  mapping = convert.mapping_for_config(fields)
-  return (int(getattr(mapping, "PAIR_SEPARATORS", 1)),
-          bool(fields.get("single_segment", getattr(mapping, "SINGLE_SEGMENT", False))))
+# Loading --init, its segment layout and its record live in encoder_init.
+load_init = encoder_init.load_init
+_encoder_layout = encoder_init.encoder_layout
 
 
 def layerwise_scales(params: Any, decay: float) -> Any:
@@ -192,6 +171,11 @@ def run_config(config, task: tasks_lib.Task, num_train: int) -> ml_collections.C
 
 
 def _check(config) -> None:
+  if "task" not in config or "num_epochs" not in config:
+    raise ValueError(
+        "--config is not a fine-tuning config (it has no 'task' or 'num_epochs'; a "
+        "pretraining config such as configs/bert.py:tiny is for bertjax.main); pass "
+        "--config=configs/finetune.py:<task>, e.g. configs/finetune.py:coherence.")
   if config.num_epochs <= 0:
     raise ValueError(f"num_epochs {config.num_epochs} must be positive; fix --config.num_epochs.")
   if not 0.0 < config.layer_decay <= 1.0:
@@ -204,6 +188,28 @@ def _check(config) -> None:
   if config.pooling not in heads.POOLINGS:
     raise ValueError(f"Unknown pooling {config.pooling!r}; set --config.pooling to one of "
                      f"{', '.join(heads.POOLINGS)}.")
+
+
+def _check_directories(config, workdir: str) -> None:
+  """A file where a directory flag points is refused before any work."""
+  if not workdir:
+    raise ValueError("No --workdir; pass a directory for checkpoints and metrics.")
+  paths.require_directory(workdir, "--workdir")
+  if config.get("tfds_data_dir"):
+    paths.require_directory(config.tfds_data_dir, "--config.tfds_data_dir")
+
+
+def _restore(checkpointer, abstract, shardings, accept, init: str, workdir: str):
+  """``checkpointer.restore_latest``, with a checkpoint that is intact but
+  does not restore blamed on ``--init``: the fine-tuning config does not
+  describe the encoder, the init does (a workdir without ``init.json``)."""
+  try:
+    return checkpointer.restore_latest(abstract, shardings, accept)
+  except checkpointing.StateMismatch as e:
+    raise ValueError(
+        f"The fine-tuning checkpoints in {workdir} do not fit the encoder that "
+        f"--init={init} builds, so they were fine-tuned from another init; pass the "
+        "--init this workdir was started from, or a new --workdir.") from e
 
 
 # ------------------------------------------------------------------ evaluation
@@ -310,6 +316,7 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
       ``config.nonfinite`` policy (module docstring).
   """
   _check(config)
+  _check_directories(config, workdir)
   # The task's files are read before the init's weights: bad task input is
   # refused before anything is loaded onto a device.
   task = tasks_lib.load(config)
@@ -317,7 +324,10 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
     task.train = task.train[:config.max_train_examples]
   if config.max_eval_examples:
     task.eval = task.eval[:config.max_eval_examples]
-  fields, loaded, tokenizer = load_init(init)
+  fields, loaded, tokenizer, init_step = encoder_init.load(init)
+  # Before the state is built: a workdir started from another init is refused.
+  init_record = encoder_init.identify(init, fields, loaded, init_step)
+  encoder_init.check(workdir, init_record)
   separators, single = _encoder_layout(fields)
   encoder = features_lib.Encoder(tokenizer, config.seq_len, pair_separators=separators,
                                  single_segment=single)
@@ -349,10 +359,11 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
   def accept(step):
     compat.check(checkpointer.saved_config(step), cfg, checkpointer.where(step))
 
-  restored = checkpointer.restore_latest(abstract, shardings, accept)
+  restored = _restore(checkpointer, abstract, shardings, accept, init, workdir)
   it = EpochIterator(len(train_feats["tokens"]), cfg.batch_size, cfg.seed,
                      process_index=jax.process_index(), process_count=jax.process_count())
   if restored is None:
+    encoder_init.write(workdir, init_record)
     state = _initial_state(model, tx, cfg, shardings, loaded, mesh)
   else:
     step, state, data_state = restored

@@ -40,6 +40,8 @@ import numpy as np
 from etils import epath
 
 KINDS = ("classification", "regression", "tagging", "qa")
+# What ``config.task_kind`` may say for local tables (.csv, .tsv, .jsonl).
+TABLE_KINDS = ("classification", "regression")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,11 +261,13 @@ def _local_rows(path: str, config) -> tuple[str, list[dict[str, Any]]]:
 
 
 def _local_split(files: str, config) -> tuple[str, list[dict[str, Any]]]:
+  """(format, rows) of comma-separated ``files``; each table row remembers its
+  file under ``SOURCE`` so that a bad value can be reported with it."""
   kinds, rows = set(), []
   for path in [p.strip() for p in files.split(",") if p.strip()]:
     kind, part = _local_rows(path, config)
     kinds.add(kind)
-    rows += part
+    rows += [{**r, SOURCE: path} for r in part] if kind == "table" else part
   if not rows:
     raise ValueError(f"No examples in {files!r}; set --config.train_files and "
                      "--config.eval_files to non-empty files.")
@@ -272,18 +276,42 @@ def _local_split(files: str, config) -> tuple[str, list[dict[str, Any]]]:
   return kinds.pop(), rows
 
 
+# Key under which a local row keeps the file it was read from (not a column).
+SOURCE = "__file__"
+
+
+def _number(row: dict[str, Any], config) -> float:
+  """The regression label of a local table row, or ValueError naming the file,
+  the column, the value and the fix."""
+  value = row[config.label_field]
+  try:
+    number = float(value)
+  except (TypeError, ValueError):
+    number = None
+  if number is None or not np.isfinite(number):
+    raise ValueError(
+        f"{row[SOURCE]} has the label {value!r} in column {config.label_field!r}, "
+        "which --config.task_kind=regression cannot read as a finite number; set "
+        "--config.task_kind=classification for labels that are names, or make "
+        "every label in that column a number.")
+  return number
+
+
 def _table_examples(rows, config, where: str) -> list[dict[str, Any]]:
   fields = [f.strip() for f in config.text_fields.split(",") if f.strip()]
   if not 1 <= len(fields) <= 2:
     raise ValueError("--config.text_fields names one or two columns, e.g. "
                      "'sentence' or 'sentence1,sentence2'.")
-  missing = [f for f in fields + [config.label_field] if f not in rows[0]]
+  columns = [c for c in rows[0] if c != SOURCE]
+  missing = [f for f in fields + [config.label_field] if f not in columns]
   if missing:
     raise ValueError(f"{where} has no column {missing[0]!r} (it has "
-                     f"{', '.join(rows[0])}); set --config.text_fields / --config.label_field.")
+                     f"{', '.join(columns)}); set --config.text_fields / --config.label_field.")
+  regression = config.task_kind == "regression"
   out = []
   for r in rows:
-    ex = {"text_a": str(r[fields[0]]), "label": r[config.label_field]}
+    label = _number(r, config) if regression else r[config.label_field]
+    ex = {"text_a": str(r[fields[0]]), "label": label}
     if len(fields) == 2:
       ex["text_b"] = str(r[fields[1]])
     out.append(ex)
@@ -305,11 +333,12 @@ def _local(config) -> Task:
       raise ValueError(f"Eval tags {sorted(unknown)[:3]} never occur in the train files; "
                        "add them to the train data.")
     return Task("tagging", train, evals, names)
+  if config.task_kind not in TABLE_KINDS:
+    raise ValueError(f"task_kind {config.task_kind!r} is not one of "
+                     f"{', '.join(TABLE_KINDS)}; fix --config.task_kind.")
   train = _table_examples(train, config, config.train_files)
   evals = _table_examples(evals, config, config.eval_files)
   if config.task_kind == "regression":
-    for ex in train + evals:
-      ex["label"] = float(ex["label"])
     return Task("regression", train, evals)
   names = tuple(x.strip() for x in config.label_names.split(",") if x.strip()) or tuple(
       sorted({str(ex["label"]) for ex in train}))

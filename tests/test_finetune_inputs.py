@@ -1,0 +1,149 @@
+"""Fine-tuning inputs that a user sweep found mishandled: an init with a
+one-row segment table (RoBERTa, SpanBERT), a workdir resumed with another
+--init, a pretraining config given to the fine-tuning binary, words in a
+regression label column, and a file where --workdir should be."""
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from bertjax import config_files
+from bertjax.finetune import encoder_init
+from bertjax.finetune import features as features_lib
+from bertjax.finetune import loop
+from bertjax.finetune import tasks as tasks_lib
+
+
+def _finetune_config(task, **overrides):
+  c = config_files.shipped("finetune").get_config(task)
+  c.log_every_steps = 1
+  c.checkpoint_every_steps = 1000
+  for k, v in overrides.items():
+    setattr(c, k, v)
+  return c
+
+
+_TINY = dict(seq_len=32, batch_size=16, num_epochs=1.0, max_train_examples=32,
+             max_eval_examples=16, learning_rate=1e-3)
+
+
+@pytest.fixture(scope="module")
+def inits(tmp_path_factory, demo_config, demo_data):
+  """``inits(type_vocab_size)``: the workdir of a tiny MLM-only encoder
+  pretrained for one step, with a segment table of that many rows (1 as
+  configs/roberta.py and configs/spanbert.py give, 2 as BERT); each built once."""
+  from bertjax import train
+  built = {}
+
+  def make(type_vocab: int) -> str:
+    if type_vocab not in built:
+      c = demo_config.copy_and_resolve_references()
+      c.objective, c.sentence_head, c.layout = "mlm_only", False, "full_sentences"
+      del c.nsp_negative_rate, c.short_seq_prob
+      c.type_vocab_size = type_vocab
+      c.data_dir = demo_data.data_dir
+      c.seq_len, c.batch_size, c.max_predictions_per_seq = 32, 8, 5
+      c.num_train_steps = c.checkpoint_every_steps = c.log_every_steps = 1
+      c.eval_max_batches = 1
+      workdir = tmp_path_factory.mktemp(f"init_tv{type_vocab}")
+      train.train_and_evaluate(c, str(workdir))
+      built[type_vocab] = str(workdir)
+    return built[type_vocab]
+
+  return make
+
+
+@pytest.mark.parametrize("type_vocab", [1, 2])
+def test_pair_task_from_an_init_of_either_segment_table_is_finite(inits, type_vocab, tmp_path):
+  path = inits(type_vocab)
+  fields, _, tokenizer = loop.load_init(path)
+  separators, single = loop._encoder_layout(fields)  # noqa: SLF001
+  encoder = features_lib.Encoder(tokenizer, 32, pair_separators=separators,
+                                 single_segment=single)
+  pairs = encoder.pairs([{"text_a": "one two", "text_b": "three four", "label": 0}],
+                        "classification")
+  # Segment ids never exceed the table: passage B gets 1 only with 2 rows.
+  assert pairs["segment_ids"].max() == type_vocab - 1
+  qa = encoder.qa([{"context": "the answer is here", "question": "where is it",
+                    "answers": ["here"], "answer_start": 14}],
+                  doc_stride=8, max_query_tokens=8)
+  assert qa["segment_ids"].max() == type_vocab - 1
+  # A pair task (coherence) trains with a finite loss at every step (the
+  # default nonfinite='stop' would raise at the first NaN).
+  result = loop.run(_finetune_config("coherence", **_TINY), path, str(tmp_path / "ft"))
+  rows = [json.loads(l) for l in (tmp_path / "ft" / "metrics.jsonl").read_text().splitlines()]
+  losses = [r["task_loss"] for r in rows if "task_loss" in r]
+  assert len(losses) == 2 and np.all(np.isfinite(losses)), rows
+  assert result["skipped_steps"] == 0 and np.isfinite(result["accuracy"])
+
+
+def test_a_workdir_resumed_with_another_init_is_refused(inits, tmp_path):
+  # Two inits of different encoders (segment tables of 1 and 2 rows).
+  path, other = inits(1), inits(2)
+  workdir = tmp_path / "ft"
+  cfg = lambda: _finetune_config("coherence", **_TINY)
+  assert loop.run(cfg(), path, str(workdir), stop_at_step=1) is None
+  record = json.loads((workdir / encoder_init.RECORD).read_text())
+  assert record["init"] == path and record["step"] == 1
+  listing = sorted(p.name for p in (workdir / "checkpoints").iterdir())
+  with pytest.raises(ValueError, match=r"was started from --init=.*pass a new --workdir"):
+    loop.run(cfg(), other, str(workdir))
+  # A workdir from before the record: the restore failure names --init.
+  (workdir / encoder_init.RECORD).unlink()
+  with pytest.raises(ValueError, match=r"do not fit the encoder that --init=.* builds"):
+    loop.run(cfg(), other, str(workdir))
+  assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == listing
+  # The init it was started from resumes and finishes.
+  assert loop.run(cfg(), path, str(workdir))["step"] == 2
+
+
+def test_the_init_record_tells_weights_apart():
+  params = {"encoder": {"w": np.arange(10_000, dtype=np.float32).reshape(100, 100)}}
+  nudged = {"encoder": {"w": params["encoder"]["w"].copy()}}
+  nudged["encoder"]["w"][50, 0] += 1e-3  # a sampled value (every 2nd of 10000)
+  a = encoder_init.identify("/a", {"model": "bert"}, params, 4)
+  assert a == encoder_init.identify("/a", {"model": "bert"}, params, 4)
+  assert a["weights_sha256"] != encoder_init.identify("/a", {"model": "bert"}, nudged, 4)[
+      "weights_sha256"]
+  assert a["config_sha256"] != encoder_init.identify("/a", {"model": "albert"}, params, 4)[
+      "config_sha256"]
+
+
+def test_bad_inputs_get_one_sentence_before_any_work(tmp_path):
+  init = str(tmp_path / "no-such-init")
+  # A pretraining config given to the fine-tuning binary.
+  with pytest.raises(ValueError, match=r"not a fine-tuning config.*configs/finetune\.py:<task>"):
+    loop.run(config_files.shipped("bert").get_config("tiny"), init, str(tmp_path / "a"))
+  # A file where --workdir (or a parent of it) should be.
+  blocker = tmp_path / "blocker"
+  blocker.write_text("keep me")
+  for workdir in (blocker, blocker / "sub"):
+    with pytest.raises(ValueError, match=r"--workdir=.*not a directory"):
+      loop.run(_finetune_config("coherence"), init, str(workdir))
+  with pytest.raises(ValueError, match=r"--config.tfds_data_dir=.*not a directory"):
+    loop.run(_finetune_config("glue/cola", tfds_data_dir=str(blocker)), init,
+             str(tmp_path / "b"))
+  with pytest.raises(ValueError, match=r"--init=.*is a file, not a directory"):
+    loop.run(_finetune_config("coherence"), str(blocker), str(tmp_path / "b"))
+  assert blocker.read_text() == "keep me"
+  # Words in the label column of a regression task: the file, the column,
+  # the value and the fix.
+  numbers, words = tmp_path / "numbers.csv", tmp_path / "words.csv"
+  numbers.write_text("sentence,score\nfine,1.5\nok,2\n")
+  words.write_text("sentence,score\nfine,1\nnot fine,no\n")
+  config = _finetune_config("local", train_files=f"{numbers},{words}",
+                            eval_files=str(numbers), label_field="score",
+                            task_kind="regression")
+  with pytest.raises(ValueError, match=(rf"^{re.escape(str(words))} has the label 'no' in "
+                                        r"column 'score'.*task_kind=classification")):
+    loop.run(config, init, str(tmp_path / "c"))
+  config.train_files = str(numbers)
+  task = tasks_lib.load(config)
+  assert [ex["label"] for ex in task.train] == [1.5, 2.0]
+  assert all(set(ex) == {"text_a", "label"} for ex in task.train)
+  with pytest.raises(ValueError, match="task_kind 'tagging'"):
+    tasks_lib.load(_finetune_config("local", train_files=str(numbers),
+                                    eval_files=str(numbers), task_kind="tagging"))
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["blocker", "numbers.csv", "words.csv"]
