@@ -14,6 +14,8 @@ from bertjax.data import prepare
 from bertjax.data import python_docs
 from bertjax.data import workers
 
+from test_prepare import _local_config
+
 
 def _snapshot(root):
   """path -> (size, mtime_ns) of everything under root (directories included)."""
@@ -23,16 +25,6 @@ def _snapshot(root):
       st = os.stat(os.path.join(dirpath, name))
       out[os.path.join(dirpath, name)] = (st.st_size, st.st_mtime_ns)
   return out
-
-
-def _local_config(demo_config, text_files, **overrides):
-  config = demo_config.copy_and_resolve_references()
-  config.dataset = "bertjax_local_text"
-  config.text_files = text_files
-  config.vocab_size = 400
-  for k, v in overrides.items():
-    config[k] = v
-  return config
 
 
 @pytest.mark.parametrize("seconds, want", [

@@ -15,14 +15,11 @@ from bertjax.finetune import features as features_lib
 from bertjax.finetune import loop
 from bertjax.finetune import tasks as tasks_lib
 
+from test_finetune import _finetune_config as _shipped_finetune_config
+
 
 def _finetune_config(task, **overrides):
-  c = config_files.shipped("finetune").get_config(task)
-  c.log_every_steps = 1
-  c.checkpoint_every_steps = 1000
-  for k, v in overrides.items():
-    setattr(c, k, v)
-  return c
+  return _shipped_finetune_config(task, **{"log_every_steps": 1, **overrides})
 
 
 _TINY = dict(seq_len=32, batch_size=16, num_epochs=1.0, max_train_examples=32,
