@@ -216,7 +216,9 @@ def test_config_validation_names_the_fix(demo_config, overrides, words):
   with pytest.raises(ValueError, match="--config.attention_") as e:
     config_validation.validate(config)
   assert words in str(e.value)
-  config_validation.validate(_tiny_config(demo_config, attention_impl="splash"))
+  # 8 rows: the batch must split over the 8 CPU devices the mesh takes.
+  config_validation.validate(_tiny_config(demo_config, attention_impl="splash",
+                                          batch_size=8))
 
 
 def _packed_batch(config, seed=0):

@@ -81,7 +81,8 @@ def test_workdir_that_is_a_file_gets_one_line(tmp_path, demo_config, demo_data,
   path = tmp_path / "a_file"
   path.write_text("x")
   for workdir in (path, path / "below"):
-    with pytest.raises(ValueError, match="is a file, or lies under one") as e:
+    with pytest.raises(ValueError, match=r"(is a file|lies under the file "
+                       r".*a_file), not a directory") as e:
       train.train_and_evaluate(tiny(demo_config, demo_data), str(workdir))
     assert "\n" not in str(e.value)
   assert path.read_text() == "x"
