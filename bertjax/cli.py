@@ -49,24 +49,29 @@ def explain(error: BaseException) -> str:
   return f"Could not parse the flags ({type(error).__name__})."
 
 
-def unknown_field(config, path: str) -> str | None:
+def unknown_field(config, path: str,
+                  suggestion=lambda field: f"--config.{field}",
+                  setting=lambda field: f"--config.{field}=...",
+                  hint: str = " Run with --helpfull to list the flags.") -> str | None:
   """One sentence for ``--config.<path>`` naming no field of ``config``, or None.
 
   Names the closest field when there is one, else lists the fields of the
-  section where the path leaves the config.
+  section where the path leaves the config. ``suggestion`` and ``setting``
+  spell a field as the binary's command line takes it (``bertjax.study``:
+  ``--set=FIELD=...``); ``hint`` follows a suggestion.
   """
   node, section, parts = config, "config", path.split(".")
   for i, part in enumerate(parts):
     if not hasattr(node, "keys"):
       return (f"Unknown config field {path!r}: {section} is a value, not a "
-              f"section; set --config.{'.'.join(parts[:i])}=... instead.")
+              f"section; set {setting('.'.join(parts[:i]))} instead.")
     fields = sorted(str(k) for k in node.keys())
     if part not in fields:
       close = difflib.get_close_matches(part, fields, n=1)
       if close:
         good = ".".join(parts[:i] + close)
-        return (f"Unknown config field {path!r}; did you mean --config.{good}? "
-                "Run with --helpfull to list the flags.")
+        return (f"Unknown config field {path!r}; did you mean "
+                f"{suggestion(good)}?{hint}")
       return (f"Unknown config field {path!r}; the fields of {section} are: "
               f"{', '.join(fields)}.")
     node, section = node[part], f"{section}.{part}"

@@ -13,7 +13,7 @@ def test_spanbert_exports_as_bert_masked_lm_with_parity(tmp_path, demo_data):
   from bertjax import config_files
   from bertjax import train
   from bertjax.convert import workdir as workdir_lib
-  from bertjax.finetune import loop
+  from bertjax.finetune import encoder_init
   from bertjax.study import core as study_core
   config = config_files.shipped("spanbert").get_config("tiny")
   config.data_dir = demo_data.data_dir
@@ -44,8 +44,8 @@ def test_spanbert_exports_as_bert_masked_lm_with_parity(tmp_path, demo_data):
   assert np.abs(result["mlm_logits"][mask] - logits[mask]).max() <= (
       1e-5 * np.abs(logits).max())
   # Fine-tuning and the equal-compute study now take a SpanBERT encoder.
-  fields, _, _ = loop.load_init(workdir)
+  fields, _, _ = encoder_init.load_init(workdir)
   # ... laid out as the BERT it exports as (one separator, BERT's segments).
-  assert loop._encoder_layout(fields) == loop._encoder_layout(  # noqa: SLF001
+  assert encoder_init.encoder_layout(fields) == encoder_init.encoder_layout(
       {**fields, "model": "bert"})
   assert study_core.finetune_unavailable(config) is None

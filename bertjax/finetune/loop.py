@@ -66,9 +66,6 @@ MAIN_METRIC = {"classification": "accuracy", "regression": "pearson",
 
 
 # ----------------------------------------------------------------- the encoder
-# Loading --init, its segment layout and its record live in encoder_init.
-load_init = encoder_init.load_init
-_encoder_layout = encoder_init.encoder_layout
 
 
 def layerwise_scales(params: Any, decay: float) -> Any:
@@ -328,7 +325,7 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
   # Before the state is built: a workdir started from another init is refused.
   init_record = encoder_init.identify(init, fields, loaded, init_step)
   encoder_init.check(workdir, init_record)
-  separators, single = _encoder_layout(fields)
+  separators, single = encoder_init.encoder_layout(fields)
   encoder = features_lib.Encoder(tokenizer, config.seq_len, pair_separators=separators,
                                  single_segment=single)
   if config.seq_len > int(fields.get("max_position_embeddings", config.seq_len)):

@@ -116,11 +116,11 @@ def parse_value(config, field: str, text: str):
   Raises:
     ValueError: the config has no such field, or the text is not of its type.
   """
-  unknown = cli.unknown_field(config, field)
-  if unknown:  # in the study's own flag: --set=FIELD=VALUE
-    raise ValueError(unknown.replace(
-        " Run with --helpfull to list the flags.", "").replace(
-            "?", "=...?").replace("--config.", "--set="))
+  set_flag = lambda f: f"--set={f}=..."  # noqa: E731
+  unknown = cli.unknown_field(config, field, suggestion=set_flag,
+                              setting=set_flag, hint="")
+  if unknown:
+    raise ValueError(unknown)
   node = config
   for part in field.split(".")[:-1]:
     node = node[part]
