@@ -65,7 +65,7 @@ _LAYOUT_FIELDS = (
     "pooling", "random_init")
 _STREAM_FIELDS = (
     # data source and packing
-    "dataset", "text_files", "text_feature", "train_split", "layout",
+    "dataset", "text_files", "text_feature", "train_split", "mixture", "layout",
     "short_seq_prob", "pair_chunking", "shuffle_window", "seq_len", "batch_size",
     "seed",
     # masking and the sentence/span objectives' corruption
@@ -129,7 +129,7 @@ DEFAULTS: dict[str, Any] = {
     "initializer_range": 0.02, "microbatches": 1, "remat": "none",
     "attention_impl": "auto", "sparse_last_layer": False,
     "allow_changes": "", "restart_from_scratch": False, "single_segment": False,
-    "encoder": "bert", "gdes": False,
+    "encoder": "bert", "gdes": False, "mixture": "",
 }
 
 _ABSENT = "(absent)"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from bertjax import optim
+from bertjax.data import mixture
 from bertjax.models import attention
 from bertjax.models import layers
 from bertjax.models import sizes
@@ -71,6 +72,7 @@ def validate(config) -> None:
   if config.get("remat", "none") not in _REMAT:
     _fail("remat", config.remat, f"it must be one of {', '.join(_REMAT)}")
   attention.check_config(config)
+  mixture.parse(config)  # its entries, before any data is read
   import jax
   from bertjax import sharding
   shape = dict(zip(sharding.MESH_AXES, sharding.parse_mesh_shape(

@@ -67,19 +67,43 @@ def evaluate_params(config, params, prepared, mesh, model, objective, *,
                     should_stop=None, step_fn=None) -> dict[str, Any] | None:
   """Evaluates ``params`` on ``config.eval_split``; returns the record.
 
+  Of a mixture of corpora (bertjax/data/mixture.py), each corpus's eval split
+  is a pass of its own (``eval_max_batches`` each): the record's figures are
+  over all of them, and ``<corpus>/<metric>`` entries give each corpus's.
   ``should_stop``: checked before each batch; when it returns True the
   evaluation is abandoned and None returned (a preempted run).
   ``step_fn``: ``make_eval_step``'s step, reused across evaluations; None
   builds one for this call.
   """
+  if step_fn is None:
+    step_fn = make_eval_step(config, mesh, model, objective)
+  parts = (prepared.eval_sources() if hasattr(prepared, "eval_sources")
+           else [("", prepared.source(config.eval_split))])
+  sums = counts = None
+  by_corpus = {}
+  for label, source in parts:
+    scored = _score(config, params, source, mesh, step_fn, should_stop)
+    if scored is None:
+      return None
+    if label:
+      by_corpus[label] = _record(*scored)
+    sums = metrics_lib.add(sums, scored[0])
+    counts = scored[1] if counts is None else counts + scored[1]
+  record = _record(sums, counts)
+  for label, part in by_corpus.items():
+    record.update({f"{label}/{k}": v for k, v in part.items()})
+  return record
+
+
+def _score(config, params, source, mesh, step_fn, should_stop):
+  """One pass over ``source``: (metric sums, target-id counts), on device;
+  None when ``should_stop`` said so."""
   from bertjax import train  # the host->global batch helper lives with the loop
   local_batch = config.batch_size // jax.process_count()
   batches = pipeline.make_eval_batches(
-      config, prepared.source(config.eval_split), local_batch_size=local_batch,
+      config, source, local_batch_size=local_batch,
       process_index=jax.process_index(), process_count=jax.process_count(),
       max_batches=config.eval_max_batches)
-  if step_fn is None:
-    step_fn = make_eval_step(config, mesh, model, objective)
   rng = jax.random.key(config.eval_seed)
   sums, counts = None, None
   with mesh:
@@ -95,6 +119,11 @@ def evaluate_params(config, params, prepared, mesh, model, objective, *,
     raise ValueError(
         f"The eval split {config.eval_split!r} gave no batches; use a larger "
         "corpus or a smaller --config.batch_size.")
+  return sums, counts
+
+
+def _record(sums, counts) -> dict[str, Any]:
+  """The figures of summed metrics and target-id counts (module doc)."""
   host = jax.device_get(sums)
   record = metrics_lib.reduce({k: v for k, v in host.items() if k != "num_tokens"})
   record["num_tokens"] = int(host["num_tokens"][0])

@@ -33,6 +33,7 @@ import tensorflow_datasets as tfds
 from bertjax import cli
 from bertjax import config_files
 from bertjax.data import layout
+from bertjax.data import mixture
 from bertjax.data import prepare
 from bertjax.data import shards
 
@@ -102,13 +103,20 @@ def main(argv):
     # Bad input gets its one sentence, not a traceback.
     print(f"error: {e}", file=sys.stderr)
     sys.exit(1)
-  print(f"Prepared {config.dataset} in {prepared.data_dir}")
+  mixed = isinstance(prepared, mixture.MixedData)
+  what = mixture.describe(prepared.corpora) if mixed else config.dataset
+  print(f"Prepared {what} in {prepared.data_dir}")
   print(f"  tokenizer: {prepared.tokenizer_path} ({config.tokenizer}, vocab "
         f"{prepared.vocab_size}, sha256 {prepared.fingerprint[:12]})")
   for split, docs in prepared.splits.items():
     unknown = prepared.unk_rate.get(split)
     print(f"  {split}: {docs} documents, {prepared.num_tokens.get(split, 0)} tokens"
           + ("" if unknown is None else f", {100 * unknown:.2f}% [UNK]"))
+  if mixed:
+    for corpus, part, count in zip(prepared.corpora, prepared.parts,
+                                   prepared.train_counts()):
+      print(f"    {corpus.dataset} x{corpus.weight:g}: {count} documents a pass "
+            f"from its {part.splits[corpus.train_split]} in {corpus.train_split}")
 
 
 if __name__ == "__main__":

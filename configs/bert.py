@@ -33,6 +33,9 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   c.text_files = ""  # comma-separated paths or globs, for bertjax_local_text
   c.text_feature = "text"  # feature holding the text, for public TFDS datasets
   c.data_dir = ""  # prepared corpus, tokenizer and shards; '' = <workdir>/data
+  # Several corpora with weights, entries 'dataset key=value ...' separated by
+  # ';' (bertjax/data/mixture.py); '' = the one corpus above.
+  c.mixture = ""
   c.train_split = "train"
   c.eval_split = "validation"
   c.tokenizer = "unigram"  # sentencepiece model type: 'unigram' | 'bpe'

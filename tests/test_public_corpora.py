@@ -78,3 +78,29 @@ def test_wrong_text_feature_names_the_features(public_dir, demo_config, tmp_path
   shutil.copytree(public_dir / "pg19", tmp_path / "pg19")
   with pytest.raises(ValueError, match="book_text.*--config.text_feature"):
     prepare.prepare(config, str(tmp_path))
+
+
+def test_wikipedia_and_pg19_as_one_mixture(public_dir, demo_config):
+  """The README's mixture recipe: both corpora, one tokenizer, books x2."""
+  config = demo_config.copy_and_resolve_references()
+  config.vocab_size = 1000
+  config.mixture = ("wikipedia/20230601.en train_split=train[:90%] eval_split=train[90%:]; "
+                    "pg19 text_feature=book_text weight=2")
+  mixed = prepare.prepare(config, str(public_dir))
+  wiki, books = mixed.parts
+  assert wiki.splits == {"train[:90%]": 54, "train[90%:]": 6}
+  assert books.splits == {"train": 2, "validation": 1}
+  assert wiki.tokenizer_path == books.tokenizer_path == mixed.tokenizer_path
+  # Not the one-corpus runs' tokenizers or shards (those may sit beside it).
+  assert "mixture_" in mixed.tokenizer_path
+  assert mixed.splits == {"train": 54 + 2 * 2, "validation": 6 + 1}
+  # The books' text comes through the shared tokenizer: the first sentence of
+  # the first book, decoded, is in the book.
+  train = mixed.source("train")
+  corpus, doc = train.locate(54)
+  assert (corpus, doc) == (1, 0)
+  book = train[54]
+  text = mixed.tokenizer().decode(book["tokens"][:book["sentence_lengths"][0]])
+  first = tfds.data_source("pg19", split="train", data_dir=str(public_dir))[0]
+  assert text.strip() and text.strip()[:40] in " ".join(
+      first["book_text"].decode().split())

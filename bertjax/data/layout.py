@@ -13,6 +13,7 @@ import os
 
 from bertjax import paths
 from bertjax.data import builders
+from bertjax.data import mixture
 
 # Version directories of the datasets prepare builds (as in text_sources.py,
 # builders.py and prepare.py).
@@ -25,7 +26,12 @@ def resolve_data_dir(config, workdir: str) -> str:
 
 
 def tokenized_dir(config, data_dir: str) -> str:
-  """Where prepare keeps ``config``'s tokenized shards under ``data_dir``."""
+  """Where prepare keeps ``config``'s tokenized shards under ``data_dir``
+  (of a mixture: its first corpus's)."""
+  corpora = mixture.parse(config)
+  if corpora:
+    return paths.join(data_dir, "bertjax_tokenized",
+                      f"{mixture.name(corpora)}__{corpora[0].key()}", _VERSION)
   key = builders.source_key(config.get("dataset") or "")
   spans = bool(config.get("knowledge_spans", False))
   return paths.join(data_dir, "bertjax_tokenized",
@@ -34,6 +40,13 @@ def tokenized_dir(config, data_dir: str) -> str:
 
 def written_directories(config, data_dir: str) -> list[str]:
   """The directories under ``data_dir`` that prepare may create for ``config``."""
+  corpora = mixture.parse(config)
+  if corpora:
+    return [paths.join(data_dir, "tokenizers")] + [
+        paths.join(data_dir, "bertjax_tokenized",
+                   f"{mixture.name(corpora)}__{c.key()}", _VERSION)
+        for c in corpora] + [mixture.text_dir(data_dir, c)
+                             for c in corpora if c.is_local_text()]
   dataset = config.get("dataset") or ""
   key = builders.source_key(dataset)
   spans = bool(config.get("knowledge_spans", False))
@@ -72,6 +85,11 @@ def check_data_dir(config, data_dir: str) -> None:
 
 def check_directories(config, workdir: str) -> None:
   """Refuses, in one sentence and before anything is written, a ``--workdir``,
-  ``--config.data_dir`` or prepare directory that a file stands in the way of."""
+  ``--config.data_dir`` or prepare directory that a file stands in the way of,
+  or a gs:// one in a bucket that does not exist."""
   paths.require_directory(workdir, "--workdir")
-  check_data_dir(config, resolve_data_dir(config, workdir))
+  paths.require_bucket(workdir, "--workdir")
+  data_dir = resolve_data_dir(config, workdir)
+  if config.get("data_dir"):
+    paths.require_bucket(data_dir, "--config.data_dir")
+  check_data_dir(config, data_dir)

@@ -37,7 +37,6 @@ tokenizer loses characters to [UNK].
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import os
@@ -45,7 +44,6 @@ import time
 from typing import Sequence
 
 from absl import logging
-from array_record.python import array_record_data_source
 import numpy as np
 import tensorflow_datasets as tfds
 
@@ -54,19 +52,17 @@ from bertjax.data import bucket_units
 from bertjax.data import builders
 from bertjax.data import knowledge
 from bertjax.data import layout
+from bertjax.data import mixture
 from bertjax.data import shards
 from bertjax.data import staged
 from bertjax.data import text_sources
 from bertjax.data import tokenizer as tokenizer_lib
+from bertjax.data import tokenizer_fit
 from bertjax.data import units
 from bertjax.data import workers
 
 # Above this fraction of [UNK] tokens in a split, prepare warns: text is lost.
 UNK_WARN_RATE = 0.001
-# Documents read to estimate a split's sentences when the dataset did not count them.
-_ESTIMATE_DOCS = 1000
-# Seed of the tokenizer's sentence sample: fixed, so a corpus has one sample.
-_SAMPLE_SEED = 0
 _TOKENIZED_VERSION = "1.0.0"
 
 
@@ -121,126 +117,6 @@ class PreparedData:
 
 # ``config.data_dir`` if set, else ``<workdir>/data`` (bertjax/data/layout.py).
 resolve_data_dir = layout.resolve_data_dir
-
-
-def _check_tokenizer(config, tok, path: str) -> None:
-  """Refuses a stored tokenizer that does not fit the config."""
-  if tok.vocab_size != config.vocab_size:
-    raise ValueError(
-        f"Tokenizer {path} has vocab size {tok.vocab_size} but "
-        f"config.vocab_size is {config.vocab_size}; set "
-        f"--config.vocab_size={tok.vocab_size} or point --config.data_dir at a "
-        f"new directory.")
-  model_type = tokenizer_lib.model_type_of(path)
-  if not tokenizer_lib.fits_config(model_type, config.tokenizer):
-    # 'unigram_bytes' is not a config value: every trained unigram has bytes.
-    fits = model_type if model_type in tokenizer_lib.MODEL_TYPES else (
-        model_type.removesuffix("_bytes"))
-    raise ValueError(
-        f"Tokenizer {path} is a {fits} model but config.tokenizer is "
-        f"{config.tokenizer!r}; set --config.tokenizer={fits} or point "
-        f"--config.data_dir at a new directory.")
-
-
-def _sentences_in(split: text_sources.Split) -> int:
-  """The split's sentence count: recorded, else estimated from evenly spaced documents."""
-  if split.num_sentences is not None:
-    return split.num_sentences
-  source = split.source.open()
-  picks = np.unique(np.linspace(0, split.num_docs - 1,
-                                min(split.num_docs, _ESTIMATE_DOCS)).astype(int))
-  seen = sum(len(split.source.document(int(i), source[int(i)])[1]) for i in picks)
-  return int(seen * split.num_docs / max(len(picks), 1))
-
-
-def _train_tokenizer(config, path: str, train: text_sources.Split,
-                     engine: text_sources.Engine) -> tokenizer_lib.Tokenizer:
-  """Trains on a uniform sample of about tokenizer_sample_sentences train sentences.
-
-  Every sentence is kept when its key (units.sentence_keys) falls below
-  2**64 * sample / total, so each has the same chance and the sample does not
-  depend on the workers; below ``sample`` sentences, all are kept. The sample
-  is staged beside the tokenizer and read back in corpus order.
-  """
-  wanted = config.get("tokenizer_sample_sentences", 500_000)
-  total = _sentences_in(train)
-  threshold = 1 << 64 if total <= wanted else int(wanted / total * 2.0**64)
-  plan = hashlib.sha256(f"{train.source}|{threshold}|{_SAMPLE_SEED}".encode()
-                        ).hexdigest()[:16]
-  stage = staged.Stage(f"{path}.sample", "sample", plan)
-  stage.clear_other_plans()
-  tasks = [units.SampleTask(i, train.source, a, b, threshold, _SAMPLE_SEED,
-                            os.fspath(stage.dataset_dir), plan)
-           for i, (a, b) in enumerate(units.ranges(train.num_docs, train.num_bytes,
-                                                   engine.block_bytes))]
-  todo = [t for t in tasks if stage.receipt(t.index) is None]
-  logging.info("Sampling about %d of ~%d sentences of %s %s for the tokenizer ...",
-               min(wanted, total), total, config.dataset, config.train_split)
-  engine.run(units.run_sample, todo, workers.Progress("sample", train.num_bytes, len(todo)))
-
-  def sample():
-    for task in tasks:
-      reader = array_record_data_source.ArrayRecordDataSource(
-          [os.fspath(stage.dataset_dir / staged.STAGING /
-                     f"unit-{task.index:05d}.sample.array_record")])
-      for lo in range(0, len(reader), 4096):
-        for record in reader.__getitems__(range(lo, min(lo + 4096, len(reader)))):
-          yield record.decode("utf-8")
-
-  start = time.time()
-  threads = config.get("tokenizer_train_threads", 1)
-  # sentencepiece >= 0.2 sizes its suffix arrays itself (its old
-  # train_extremely_large_corpus flag is ignored), so any sample size trains.
-  try:
-    tok = tokenizer_lib.train(sample(), path, config.vocab_size, config.tokenizer,
-                              num_threads=threads)
-  except tokenizer_lib.VocabTooLargeError as e:
-    if total <= wanted:  # every sentence was used: the corpus is what limits
-      raise
-    raise ValueError(
-        f"The tokenizer's sample of about {wanted} of the ~{total} train "
-        f"sentences is too small for a {config.tokenizer} vocabulary of "
-        f"{config.vocab_size}; raise --config.tokenizer_sample_sentences (up "
-        f"to the corpus's ~{total}) or set --config.vocab_size to at most "
-        f"{e.max_vocab}.") from None
-  stage.remove()
-  # The sample's now empty directory too: tokenizers/ keeps only the models.
-  with contextlib.suppress(OSError):
-    os.rmdir(f"{path}.sample")
-  logging.info("Trained tokenizer %s (%d threads) in %.1f s.", path, threads,
-               time.time() - start)
-  return tok
-
-
-def _tokenizer(config, data_dir: str, key: str, train: text_sources.Split,
-               engine: text_sources.Engine):
-  """Loads and checks the tokenizer of this source, or trains it.
-
-  ``config.tokenizer='hf'`` (set by ``python -m bertjax.convert``) uses the
-  imported model's own tokenizer at ``config.tokenizer_path``, never retrained.
-  """
-  if config.tokenizer == "hf":
-    path = config.get("tokenizer_path") or ""
-    if not os.path.isdir(path):
-      raise ValueError(
-          f"config.tokenizer='hf' needs the imported tokenizer directory, but "
-          f"config.tokenizer_path={path!r} is not one; point --config.tokenizer_path "
-          "at <workdir>/tokenizer written by `python -m bertjax.convert`.")
-    tok = units.load_tokenizer(path)
-    if tok.vocab_size != config.vocab_size:
-      raise ValueError(
-          f"Tokenizer {path} has vocab size {tok.vocab_size} but config.vocab_size "
-          f"is {config.vocab_size}; set --config.vocab_size={tok.vocab_size}.")
-    return tok
-  path = os.path.join(data_dir, "tokenizers", f"{key}.model")
-  if os.path.exists(path):
-    tok = tokenizer_lib.Tokenizer(path)
-    _check_tokenizer(config, tok, path)
-    logging.info("Reusing tokenizer %s (vocab %d).", path, tok.vocab_size)
-    return tok
-  logging.info("Training a %s tokenizer (vocab %d) on %s %s ...", config.tokenizer,
-               config.vocab_size, config.dataset, config.train_split)
-  return _train_tokenizer(config, path, train, engine)
 
 
 def _fit_knowledge(config, spans: knowledge.Settings, tok, train: text_sources.Split,
@@ -404,8 +280,12 @@ def _check_beam_inputs(config, data_dir: str, engine: text_sources.Engine) -> No
   disk in common with this machine)."""
   if engine.beam_runner in ("", "DirectRunner"):
     return
-  if config.dataset.startswith("bertjax_local_text") and config.get("text_files"):
-    local = [p for p in config.text_files.split(",")
+  inputs = [(c.dataset, c.text_files) for c in mixture.parse(config)] or [
+      (config.dataset, config.get("text_files", ""))]
+  for dataset, text_files in inputs:
+    if not (dataset.startswith("bertjax_local_text") and text_files):
+      continue
+    local = [p for p in text_files.split(",")
              if p.strip() and not paths.is_remote(p.strip())]
     if local:
       raise ValueError(
@@ -417,11 +297,48 @@ def _check_beam_inputs(config, data_dir: str, engine: text_sources.Engine) -> No
 def _prepare(config, data_dir: str, spans, engine: text_sources.Engine) -> PreparedData:
   start = time.time()
   os.makedirs(data_dir, exist_ok=True)
+  if mixture.is_mixture(config):
+    return _prepare_mixture(config, data_dir, engine, start)
   key = builders.source_key(config.dataset)
   sources = text_sources.text_sources(config, data_dir, engine)
-  tok = _tokenizer(config, data_dir, key, sources[config.train_split], engine)
-
+  tok = tokenizer_fit.tokenizer_for(
+      config, data_dir, key, [sources[config.train_split]], engine,
+      f"{config.dataset} {config.train_split}")
   name = key + (builders.KNOWLEDGE_SUFFIX if spans else "")
+  prepared = _shards(config, data_dir, name, tok, sources, spans,
+                     os.path.join(data_dir, "knowledge", key), engine)
+  logging.info("Prepared %s in %.1f s: %s documents, vocab %d.", config.dataset,
+               time.time() - start, prepared.splits, tok.vocab_size)
+  return prepared
+
+
+def _prepare_mixture(config, data_dir: str, engine: text_sources.Engine,
+                     start: float) -> mixture.MixedData:
+  """Every corpus of ``config.mixture``: its text, one tokenizer trained on
+  all their training sentences, each corpus's shards (bertjax/data/mixture.py)."""
+  corpora = mixture.parse(config)
+  key = mixture.name(corpora)
+  configs = [mixture.corpus_config(config, c) for c in corpora]
+  sources = [text_sources.text_sources(
+      cfg, mixture.text_dir(data_dir, c) if c.is_local_text() else data_dir, engine)
+      for cfg, c in zip(configs, corpora)]
+  tok = tokenizer_fit.tokenizer_for(
+      config, data_dir, key, [s[c.train_split] for s, c in zip(sources, corpora)],
+      engine, mixture.describe(corpora))
+  parts = [_shards(cfg, data_dir, f"{key}__{c.key()}", tok, s, None, "", engine)
+           for cfg, c, s in zip(configs, corpora, sources)]
+  mixed = mixture.MixedData(corpora, parts, train_split=config.train_split,
+                            eval_split=config.get("eval_split", ""), data_dir=data_dir)
+  logging.info("Prepared the mixture %s in %.1f s: %s documents per pass, vocab %d.",
+               mixture.describe(corpora), time.time() - start,
+               dict(zip([c.dataset for c in corpora], mixed.train_counts())),
+               tok.vocab_size)
+  return mixed
+
+
+def _shards(config, data_dir: str, name: str, tok, sources, spans,
+            knowledge_dir: str, engine: text_sources.Engine) -> PreparedData:
+  """Checks and reuses the shards bertjax_tokenized/<name>, or makes them."""
   dataset_dir = os.path.join(data_dir, "bertjax_tokenized", name, _TOKENIZED_VERSION)
   if staged.is_published(dataset_dir):
     stored = tfds.builder_from_directory(dataset_dir).info
@@ -447,8 +364,7 @@ def _prepare(config, data_dir: str, spans, engine: text_sources.Engine) -> Prepa
     logging.info("Reusing tokenized shards %s.", dataset_dir)
   else:
     tok_start = time.time()
-    _tokenize(config, data_dir, name, tok, sources, spans,
-              os.path.join(data_dir, "knowledge", key), engine)
+    _tokenize(config, data_dir, name, tok, sources, spans, knowledge_dir, engine)
     logging.info("Tokenized in %.1f s.", time.time() - tok_start)
     stored = tfds.builder_from_directory(dataset_dir).info
 
@@ -456,8 +372,6 @@ def _prepare(config, data_dir: str, spans, engine: text_sources.Engine) -> Prepa
   num_tokens = {s: int(stored.metadata["num_tokens"][builders.split_key(s)])
                 for s in sources}
   unk_rate = _report_unknown(tok, stored.metadata.get("num_unk", {}), num_tokens)
-  logging.info("Prepared %s in %.1f s: %s documents, vocab %d.", config.dataset,
-               time.time() - start, splits, tok.vocab_size)
   return PreparedData(
       data_dir=data_dir, tokenizer_path=tok.path, vocab_size=tok.vocab_size,
       fingerprint=tok.fingerprint, splits=splits, tokenized_dir=dataset_dir,

@@ -1,0 +1,281 @@
+"""Pretraining on a weighted mixture of corpora (``config.mixture``).
+
+BERT was pretrained on Wikipedia and BooksCorpus together; RoBERTa on five
+corpora. ``--config.mixture`` names the corpora and how much of each a pass
+over the training data holds, one entry per corpus, entries separated by
+``;``; an entry is a dataset name (as ``config.dataset`` takes it) followed
+by ``key=value`` options separated by spaces:
+
+  --config.mixture="wikipedia/20230601.en weight=3 train_split=train[:99%]
+                    eval_split=train[99%:]; pg19 text_feature=book_text"
+
+``weight`` (default 1) is how many times each of the corpus's training
+documents appears in one pass over the mixture: 3 repeats every Wikipedia
+article three times per pass (each copy packed and masked with its own seed,
+as ``dupe_factor``'s copies are), 0.5 takes a fixed, evenly spread half of
+the corpus's documents (every other one, the same in every pass). ``text_feature``, ``text_files``, ``train_split`` and
+``eval_split`` default to the config's own fields; ``config.dataset`` and
+those fields are otherwise not used when a mixture is set.
+
+All corpora share one tokenizer, trained on a uniform sample of all their
+training sentences together (the weights do not enter it, so re-weighting a
+mixture reuses its tokenizer and shards). Evaluation reads every corpus's
+``eval_split`` once, in entry order (a corpus with ``eval_split=`` empty adds
+none). Each corpus is tokenized into its own shards
+(``bertjax_tokenized/<mixture>__<corpus>``); ``MixedData`` puts them together
+behind the interface of ``prepare.PreparedData``, so training, evaluation,
+resume and the checkpoints' tokenizer check see one corpus.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from bertjax import paths
+from bertjax.data import builders
+
+# Options an entry may set; the rest of the config is shared by all corpora.
+OPTIONS = ("weight", "text_feature", "text_files", "train_split", "eval_split")
+
+
+@dataclasses.dataclass(frozen=True)
+class Corpus:
+  """One entry of ``config.mixture``, its options filled from the config."""
+  dataset: str
+  weight: float
+  text_feature: str
+  text_files: str
+  train_split: str
+  eval_split: str
+
+  def identity(self) -> str:
+    """What decides the corpus's text (not its weight)."""
+    return "|".join([self.dataset, self.text_files, self.text_feature,
+                     self.train_split, self.eval_split])
+
+  def key(self) -> str:
+    """A file-name-safe name of the corpus, unique within its mixture."""
+    digest = hashlib.sha256(self.identity().encode()).hexdigest()[:8]
+    return f"{builders.source_key(self.dataset)}_{digest}"
+
+  def is_local_text(self) -> bool:
+    return self.dataset.partition("/")[0] == "bertjax_local_text"
+
+
+def _bad(entry: str, why: str, fix: str) -> ValueError:
+  return ValueError(f"config.mixture entry {entry!r} {why}; {fix}.")
+
+
+def _weight(entry: str, text: str) -> float:
+  try:
+    weight = float(text)
+  except ValueError:
+    weight = math.nan
+  if not (math.isfinite(weight) and weight > 0):
+    raise _bad(entry, f"has weight={text!r}",
+               "give a positive number of copies of the corpus per pass, e.g. "
+               "weight=2 or weight=0.5")
+  return weight
+
+
+def _corpus(entry: str, config) -> Corpus:
+  """Parses one entry (``dataset key=value ...``)."""
+  dataset, *options = entry.split()
+  if "=" in dataset:
+    raise _bad(entry, "does not start with a dataset name",
+               "begin each entry with the dataset, e.g. 'pg19 weight=2'")
+  values = {"weight": "1", "text_feature": config.get("text_feature", "text"),
+            "text_files": config.get("text_files", ""),
+            "train_split": config.get("train_split", "train"),
+            "eval_split": config.get("eval_split", "")}
+  for option in options:
+    name, sep, value = option.partition("=")
+    if not sep or name not in OPTIONS:
+      raise _bad(entry, f"has the option {option!r}",
+                 f"write options as key=value with key one of {', '.join(OPTIONS)}")
+    values[name] = value
+  if not values["train_split"]:
+    raise _bad(entry, "has an empty train_split", "name the split to train on")
+  if dataset.partition("/")[0] == "bertjax_local_text" and not values["text_files"]:
+    raise _bad(entry, "reads local text but has no text_files",
+               "add text_files=<comma-separated paths or globs> to the entry")
+  return Corpus(dataset, _weight(entry, values["weight"]), values["text_feature"],
+                values["text_files"], values["train_split"], values["eval_split"])
+
+
+def parse(config) -> list[Corpus]:
+  """The corpora of ``config.mixture`` ([] when it is empty).
+
+  Raises:
+    ValueError: one sentence naming the entry at fault and the fix.
+  """
+  text = str(config.get("mixture", "") or "").strip()
+  if not text:
+    return []
+  entries = [e.strip() for e in text.split(";")]
+  if not all(entries):
+    raise ValueError(
+        f"config.mixture={text!r} has an empty entry; separate the corpora "
+        f"with single ';', e.g. 'wikipedia/20230601.en; pg19 weight=2'.")
+  corpora = [_corpus(e, config) for e in entries]
+  seen = {}
+  for entry, corpus in zip(entries, corpora):
+    if corpus.identity() in seen:
+      raise _bad(entry, f"reads the same text as {seen[corpus.identity()]!r}",
+                 "list each corpus once and give it a weight instead")
+    seen[corpus.identity()] = entry
+  if config.get("knowledge_spans", False):
+    raise ValueError(
+        "config.mixture does not support ERNIE's knowledge_spans yet (its phrase "
+        "and entity lists are fitted on one corpus); prepare one corpus with "
+        "--config.text_files listing all the files, or unset --config.mixture.")
+  return corpora
+
+
+def corpus_config(config, corpus: Corpus):
+  """``config`` as a one-corpus run of ``corpus`` would have it (for prepare)."""
+  import ml_collections
+  one = ml_collections.ConfigDict(config.to_dict())
+  one.update(dataset=corpus.dataset, text_feature=corpus.text_feature,
+             text_files=corpus.text_files, train_split=corpus.train_split,
+             eval_split=corpus.eval_split, mixture="")
+  return one
+
+
+def name(corpora: Sequence[Corpus]) -> str:
+  """The mixture's key: its tokenizer's file name and its shards' prefix.
+
+  It depends on the corpora's texts only, not their weights or order.
+  """
+  ids = sorted(c.identity() for c in corpora)
+  return "mixture_" + hashlib.sha256("\n".join(ids).encode()).hexdigest()[:12]
+
+
+def describe(corpora: Sequence[Corpus]) -> str:
+  """'wikipedia/20230601.en x3 + pg19 x1', for logs."""
+  return " + ".join(f"{c.dataset} x{c.weight:g}" for c in corpora)
+
+
+def text_dir(data_dir: str, corpus: Corpus) -> str:
+  """Where a local-text corpus's text dataset is built: a directory of its
+  own, so that two such corpora (or a one-corpus run's) never collide."""
+  return paths.join(data_dir, "bertjax_mixture_text", corpus.key())
+
+
+def copies(num_docs: int, weight: float) -> int:
+  """Documents of a corpus in one pass over the mixture: round(weight * n),
+  at least 1."""
+  return max(1, int(round(weight * num_docs)))
+
+
+class MixedSource:
+  """Random access (``len``, ``[i]``) to the documents of a mixture's pass.
+
+  Corpus k contributes ``counts[k] = q * n + r`` consecutive indices (n its
+  documents): its first q * n are its documents q times over, in order; the
+  last r (a fraction of a copy) are r documents evenly spread over the
+  corpus, the t-th being document ``(2t + 1) * n // (2r)``. The order within
+  a pass does not matter to training, which shuffles documents every epoch;
+  evaluation reads each corpus's split once (counts = sizes), in order.
+  """
+
+  def __init__(self, sources: Sequence[Any], counts: Sequence[int]):
+    if len(sources) != len(counts) or not sources:
+      raise ValueError("MixedSource needs one count per source, and a source.")
+    self._sources = list(sources)
+    self._sizes = [len(s) for s in sources]
+    self._counts = [int(c) for c in counts]
+    self._ends = np.cumsum(self._counts)
+
+  def __len__(self) -> int:
+    return int(self._ends[-1])
+
+  def locate(self, index: int) -> tuple[int, int]:
+    """(corpus, document within it) of mixture index ``index``."""
+    if not 0 <= index < len(self):
+      raise IndexError(f"index {index} is outside the mixture's {len(self)} documents")
+    k = int(np.searchsorted(self._ends, index, side="right"))
+    j = index - (int(self._ends[k - 1]) if k else 0)
+    n, count = self._sizes[k], self._counts[k]
+    whole = count // n * n
+    if j < whole:
+      return k, j % n
+    r = count - whole
+    return k, (2 * (j - whole) + 1) * n // (2 * r)
+
+  def __getitem__(self, index: int) -> Any:
+    k, doc = self.locate(int(index))
+    return self._sources[k][doc]
+
+
+class MixedData:
+  """A prepared mixture, with ``prepare.PreparedData``'s interface.
+
+  ``parts`` are the corpora's own PreparedData (split names as each corpus
+  names them); ``splits`` and ``source`` use the config's train_split and
+  eval_split names for the mixture's two splits.
+  """
+
+  def __init__(self, corpora: Sequence[Corpus], parts: Sequence[Any], *,
+               train_split: str, eval_split: str, data_dir: str):
+    first = parts[0]
+    self.corpora, self.parts = list(corpora), list(parts)
+    self.data_dir = data_dir
+    self.tokenizer_path = first.tokenizer_path
+    self.vocab_size = first.vocab_size
+    self.fingerprint = first.fingerprint
+    self.tokenized_dir = first.tokenized_dir
+    self._train, self._eval = train_split, eval_split
+    counts = self.train_counts()
+    self.splits = {train_split: sum(counts)}
+    self.num_tokens = {train_split: int(sum(
+        c / p.splits[k.train_split] * p.num_tokens.get(k.train_split, 0)
+        for c, p, k in zip(counts, self.parts, self.corpora)))}
+    if eval_split and self._eval_parts():
+      self.splits[eval_split] = sum(p.splits[k.eval_split] for k, p in self._eval_parts())
+      self.num_tokens[eval_split] = sum(p.num_tokens.get(k.eval_split, 0)
+                                        for k, p in self._eval_parts())
+    self.unk_rate = {}
+
+  def _eval_parts(self) -> list[tuple[Corpus, Any]]:
+    return [(k, p) for k, p in zip(self.corpora, self.parts) if k.eval_split]
+
+  def train_counts(self) -> list[int]:
+    """Documents of each corpus in one pass over the mixture."""
+    return [copies(p.splits[k.train_split], k.weight)
+            for k, p in zip(self.corpora, self.parts)]
+
+  def source(self, split: str):
+    """The mixture's pass (train split) or its corpora's eval splits in turn."""
+    if split == self._train:
+      return MixedSource([p.source(k.train_split) for k, p in zip(self.corpora, self.parts)],
+                         self.train_counts())
+    if split == self._eval and split in self.splits:
+      parts = self._eval_parts()
+      return MixedSource([p.source(k.eval_split) for k, p in parts],
+                         [p.splits[k.eval_split] for k, p in parts])
+    raise ValueError(
+        f"Split {split!r} was not prepared (have {sorted(self.splits)}); set "
+        f"--config.train_split/eval_split to one of them or prepare it.")
+
+  def eval_sources(self) -> list[tuple[str, Any]]:
+    """(label, eval split) of each corpus that has one, for per-corpus
+    figures: the label is the corpus's dataset as a key (``pg19``,
+    ``wikipedia_20230601_en``), or its full key where two share a dataset."""
+    parts = self._eval_parts()
+    names = [builders.source_key(k.dataset) for k, _ in parts]
+    return [(name if names.count(name) == 1 else k.key(), p.source(k.eval_split))
+            for name, (k, p) in zip(names, parts)]
+
+  def tokenizer(self):
+    return self.parts[0].tokenizer()
+
+
+def is_mixture(config) -> bool:
+  return bool(str(config.get("mixture", "") or "").strip())
+

@@ -1,0 +1,193 @@
+"""Pretraining on a weighted mixture of corpora (bertjax/data/mixture.py)."""
+
+import collections
+import os
+
+import numpy as np
+import pytest
+
+from bertjax import compat
+from bertjax import train
+from bertjax.data import mixture
+from bertjax.data import prepare
+
+import corpus_files
+from test_train import read_metrics
+
+
+def _config(demo_config, text, **overrides):
+  config = demo_config.copy_and_resolve_references()
+  config.mixture = text
+  config.vocab_size = 400
+  for k, v in overrides.items():
+    config[k] = v
+  return config
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("pg19;; bertjax_python_docs", "has an empty entry"),
+    ("pg19 weight=-1", "weight='-1'.*positive number"),
+    ("pg19 weight=many", "weight='many'"),
+    ("pg19 feature=body", "option 'feature=body'.*key=value with key one of"),
+    ("weight=2 pg19", "does not start with a dataset name"),
+    ("bertjax_local_text/paragraphs", "no text_files.*add text_files="),
+    ("pg19; pg19 weight=2", "reads the same text as 'pg19'"),
+])
+def test_bad_entries_get_one_sentence(demo_config, text, needle):
+  config = _config(demo_config, text, text_files="")
+  with pytest.raises(ValueError, match=needle) as info:
+    mixture.parse(config)
+  message = str(info.value)
+  assert message.count("; ") >= 1 and "\n" not in message
+
+
+def test_entries_take_the_config_defaults(demo_config):
+  config = _config(demo_config, " wikipedia/20230601.en weight=3 train_split=train[:99%]"
+                   " eval_split=train[99%:] ;pg19 text_feature=book_text ",
+                   text_feature="text", train_split="train", eval_split="validation")
+  wiki, books = mixture.parse(config)
+  assert (wiki.dataset, wiki.weight, wiki.text_feature, wiki.train_split,
+          wiki.eval_split) == ("wikipedia/20230601.en", 3.0, "text", "train[:99%]",
+                               "train[99%:]")
+  assert (books.dataset, books.weight, books.text_feature, books.train_split,
+          books.eval_split) == ("pg19", 1.0, "book_text", "train", "validation")
+  assert wiki.key() != books.key()
+  # The tokenizer's name depends on the texts only: not weights, not order.
+  reweighted = _config(demo_config, "pg19 text_feature=book_text weight=5; "
+                       "wikipedia/20230601.en train_split=train[:99%] "
+                       "eval_split=train[99%:]", text_feature="text",
+                       train_split="train", eval_split="validation")
+  assert mixture.name(mixture.parse(reweighted)) == mixture.name([wiki, books])
+  other = _config(demo_config, "pg19 text_feature=book_text")
+  assert mixture.name(mixture.parse(other)) != mixture.name([wiki, books])
+
+
+def test_knowledge_spans_are_refused(demo_config):
+  config = _config(demo_config, "pg19; bertjax_python_docs", knowledge_spans=True)
+  with pytest.raises(ValueError, match="knowledge_spans"):
+    mixture.parse(config)
+
+
+@pytest.mark.parametrize("n,count", [(10, 30), (1000, 300), (997, 1500), (1, 4), (7, 7)])
+def test_a_pass_holds_each_document_as_its_weight_says(n, count):
+  source = mixture.MixedSource([np.arange(n)], [count])
+  picked = np.array([source[i] for i in range(len(source))])
+  assert len(source) == count
+  times = np.bincount(picked, minlength=n)
+  # Every document count // n or count // n + 1 times; the extra ones spread
+  # evenly: in each tenth of the corpus a tenth of them, to within one
+  # (the picks are n / r apart) plus one (a pick rounded across a bin edge).
+  assert set(times) <= {count // n, count // n + 1}
+  extra = np.flatnonzero(times > count // n)
+  assert len(extra) == count % n
+  if n >= 100 and count % n:
+    per_tenth = np.histogram(extra, bins=10, range=(0, n))[0]
+    assert np.all(np.abs(per_tenth - (count % n) / 10) <= 2), per_tenth
+
+
+def test_corpora_follow_each_other_and_eval_is_in_order():
+  a, b = list(range(100, 110)), list(range(200, 204))
+  source = mixture.MixedSource([a, b], [20, 2])
+  assert collections.Counter(source.locate(i)[0] for i in range(22)) == {0: 20, 1: 2}
+  assert [source[i] for i in range(20)].count(105) == 2
+  assert [source[i] for i in range(20, 22)] == [201, 203]  # half of b, spread
+  ordered = mixture.MixedSource([a, b], [10, 4])
+  assert [ordered[i] for i in range(14)] == a + b
+  with pytest.raises(IndexError):
+    ordered[14]
+
+
+@pytest.fixture(scope="module")
+def two_corpora(tmp_path_factory):
+  """The pydoc topic files in two halves: alphabetical first half, second half."""
+  root = tmp_path_factory.mktemp("mixture_texts")
+  corpus_files.write_topic_files(root)
+  files = sorted(p for p in os.listdir(root))
+  half = len(files) // 2
+  for name in files[:half]:
+    os.makedirs(root / "first", exist_ok=True)
+    os.rename(root / name, root / "first" / name)
+  for name in files[half:]:
+    os.makedirs(root / "second", exist_ok=True)
+    os.rename(root / name, root / "second" / name)
+  return root
+
+
+def _text(root, first_weight):
+  return (f"bertjax_local_text/paragraphs weight={first_weight} "
+          f"text_files={root}/first/*.txt; "
+          f"bertjax_local_text/paragraphs text_files={root}/second/*.txt")
+
+
+def _files(root):
+  return {os.path.join(d, f): os.stat(os.path.join(d, f)).st_mtime_ns
+          for d, _, fs in os.walk(root) for f in fs}
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory, demo_config, two_corpora):
+  data_dir = str(tmp_path_factory.mktemp("mixture_data"))
+  config = _config(demo_config, _text(two_corpora, 2), data_dir=data_dir)
+  return config, prepare.prepare(config, data_dir)
+
+
+def test_one_tokenizer_for_all_and_a_weighted_pass(mixed, two_corpora, demo_config):
+  config, data = mixed
+  models = os.listdir(os.path.join(data.data_dir, "tokenizers"))
+  assert models == [f"{mixture.name(data.corpora)}.model"]
+  first, second = data.parts
+  assert first.fingerprint == second.fingerprint == data.fingerprint
+  n1, n2 = first.splits["train"], second.splits["train"]
+  assert data.splits["train"] == 2 * n1 + n2 == len(data.source("train"))
+  # Each document of the pass is the document of its corpus it names.
+  parts = [part.source("train") for part in data.parts]
+  train_source = data.source("train")
+  seen = collections.Counter()
+  for i in range(len(train_source)):
+    k, doc = train_source.locate(i)
+    assert np.array_equal(train_source[i]["tokens"], parts[k][doc]["tokens"])
+    seen[k, doc] += 1
+  assert sum(v for (k, _), v in seen.items() if k == 0) == 2 * n1
+  assert {v for (k, _), v in seen.items() if k == 0} == {2}
+  assert {v for (k, _), v in seen.items() if k == 1} == {1}
+  assert len(seen) == n1 + n2
+  # Evaluation reads both corpora's validation splits once, in entry order.
+  val = data.source("validation")
+  expected = ([first.source("validation")[i] for i in range(first.splits["validation"])]
+              + [second.source("validation")[i] for i in range(second.splits["validation"])])
+  assert len(val) == data.splits["validation"] == len(expected)
+  assert all(np.array_equal(val[i]["tokens"], e["tokens"]) for i, e in enumerate(expected))
+
+  # Again, and re-weighted: everything reused, nothing written.
+  before = _files(data.data_dir)
+  again = prepare.prepare(_config(demo_config, _text(two_corpora, 0.5),
+                                  data_dir=data.data_dir), data.data_dir)
+  assert _files(data.data_dir) == before
+  assert again.fingerprint == data.fingerprint
+  assert again.train_counts() == [mixture.copies(n1, 0.5), n2]
+
+
+def test_a_mixture_trains_and_resume_refuses_new_weights(mixed, two_corpora, demo_config,
+                                                         tmp_path):
+  config, data = mixed
+  config = config.copy_and_resolve_references()
+  config.update(batch_size=8, seq_len=64, max_predictions_per_seq=10, num_train_steps=2,
+                checkpoint_every_steps=2, log_every_steps=1, eval_max_batches=1,
+                shuffle_window=16)
+  workdir = str(tmp_path / "run")
+  record = train.train_and_evaluate(config, workdir)
+  # Each corpus's eval split is scored apart (eval_max_batches each); the
+  # record's own figures are over both.
+  labels = [label for label, _ in data.eval_sources()]
+  assert len(labels) == 2 and labels[0] != labels[1]
+  for field in ("num_tokens", "num_predictions"):
+    assert record[field] == sum(record[f"{label}/{field}"] for label in labels) > 0
+  accuracy = sum(record[f"{label}/mlm_accuracy"] * record[f"{label}/num_predictions"]
+                 for label in labels) / record["num_predictions"]
+  assert accuracy == pytest.approx(record["mlm_accuracy"], abs=1e-6)
+  losses = {r["step"]: r["loss"] for r in read_metrics(workdir) if "loss" in r}
+  assert sorted(losses) == [1, 2] and np.isfinite(list(losses.values())).all()
+  reweighted = config.copy_and_resolve_references()
+  reweighted.update(mixture=_text(two_corpora, 1), num_train_steps=4)
+  with pytest.raises(compat.IncompatibleCheckpoint, match="mixture.*allow_changes"):
+    train.train_and_evaluate(reweighted, workdir)
