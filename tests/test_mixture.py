@@ -58,6 +58,11 @@ def test_entries_take_the_config_defaults(demo_config):
                        "eval_split=train[99%:]", text_feature="text",
                        train_split="train", eval_split="validation")
   assert mixture.name(mixture.parse(reweighted)) == mixture.name([wiki, books])
+  other_eval = _config(demo_config, "pg19 text_feature=book_text eval_split=test; "
+                       "wikipedia/20230601.en train_split=train[:99%]",
+                       text_feature="text", train_split="train", eval_split="validation")
+  assert mixture.name(mixture.parse(other_eval)) == mixture.name([wiki, books])
+  assert {c.key() for c in mixture.parse(other_eval)} != {wiki.key(), books.key()}
   other = _config(demo_config, "pg19 text_feature=book_text")
   assert mixture.name(mixture.parse(other)) != mixture.name([wiki, books])
 

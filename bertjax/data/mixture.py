@@ -53,18 +53,29 @@ class Corpus:
   train_split: str
   eval_split: str
 
+  def text(self) -> str:
+    """What decides the corpus's text."""
+    return "|".join([self.dataset, self.text_files, self.text_feature])
+
   def identity(self) -> str:
-    """What decides the corpus's text (not its weight)."""
-    return "|".join([self.dataset, self.text_files, self.text_feature,
-                     self.train_split, self.eval_split])
+    """What decides the corpus's shards (not its weight)."""
+    return "|".join([self.text(), self.train_split, self.eval_split])
 
   def key(self) -> str:
-    """A file-name-safe name of the corpus, unique within its mixture."""
-    digest = hashlib.sha256(self.identity().encode()).hexdigest()[:8]
-    return f"{builders.source_key(self.dataset)}_{digest}"
+    """A file-name-safe name of the corpus's shards, unique within its mixture."""
+    return _keyed(self.dataset, self.identity())
+
+  def text_key(self) -> str:
+    """A file-name-safe name of the corpus's text."""
+    return _keyed(self.dataset, self.text())
 
   def is_local_text(self) -> bool:
     return self.dataset.partition("/")[0] == "bertjax_local_text"
+
+
+def _keyed(dataset: str, identity: str) -> str:
+  digest = hashlib.sha256(identity.encode()).hexdigest()[:8]
+  return f"{builders.source_key(dataset)}_{digest}"
 
 
 def _bad(entry: str, why: str, fix: str) -> ValueError:
@@ -150,9 +161,10 @@ def corpus_config(config, corpus: Corpus):
 def name(corpora: Sequence[Corpus]) -> str:
   """The mixture's key: its tokenizer's file name and its shards' prefix.
 
-  It depends on the corpora's texts only, not their weights or order.
+  It depends on what the tokenizer is trained on, the corpora's training
+  texts: not on their weights, order or eval splits.
   """
-  ids = sorted(c.identity() for c in corpora)
+  ids = sorted(f"{c.text()}|{c.train_split}" for c in corpora)
   return "mixture_" + hashlib.sha256("\n".join(ids).encode()).hexdigest()[:12]
 
 
@@ -164,7 +176,7 @@ def describe(corpora: Sequence[Corpus]) -> str:
 def text_dir(data_dir: str, corpus: Corpus) -> str:
   """Where a local-text corpus's text dataset is built: a directory of its
   own, so that two such corpora (or a one-corpus run's) never collide."""
-  return paths.join(data_dir, "bertjax_mixture_text", corpus.key())
+  return paths.join(data_dir, "bertjax_mixture_text", corpus.text_key())
 
 
 def copies(num_docs: int, weight: float) -> int:
