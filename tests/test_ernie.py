@@ -505,3 +505,45 @@ def test_tiny_config_runs_a_real_train_step(knowledge_data):
   counts = sum(float(metrics[f"mlm_accuracy_{lv}"][1]) for lv in ernie.LEVELS)
   assert counts == float(metrics["mlm_accuracy"][1])
   assert int(state.step) == 1
+
+
+def test_a_mixture_fits_one_set_of_lists_on_all_its_corpora(tmp_path):
+  """Corpus one plants "event loop", corpus two "water mill" (each its
+  own): the one set of lists has both, and each corpus's shards mark its
+  own collocation as one unit."""
+  rng = np.random.default_rng(2)
+  first, second = tmp_path / "one", tmp_path / "two"
+  first.mkdir()
+  second.mkdir()
+  local_text(first, rng)
+  local_text(second, rng)
+  for path in second.iterdir():
+    path.write_text(path.read_text().replace("event loop", "water mill"))
+  config = ernie_config.get_config("tiny")
+  config.vocab_size = 300
+  config.mixture = (f"bertjax_local_text text_files={first}/*.txt; "
+                    f"bertjax_local_text text_files={second}/*.txt weight=2")
+  data_dir = str(tmp_path / "data")
+  mixed = prepare.prepare(config, data_dir)
+  lists = os.listdir(os.path.join(data_dir, "knowledge"))
+  assert lists == [os.path.basename(mixed.tokenizer_path)[:-len(".model")]]
+  phrases = open(os.path.join(data_dir, "knowledge", lists[0], "phrases.txt")).read()
+  assert "event loop\n" in phrases and "water mill\n" in phrases
+  tok = mixed.tokenizer()
+  for part, (planted, absent) in zip(mixed.parts, ((["event", "loop"], ["water", "mill"]),
+                                                   (["water", "mill"], ["event", "loop"]))):
+    assert part.tokenized_dir.rstrip("/").split("/")[-2].endswith("__knowledge")
+    source = part.source("train")
+    marked = 0
+    for i in range(len(source)):
+      doc = source[i]
+      starts = np.flatnonzero(doc["word_starts"]).tolist() + [len(doc["tokens"])]
+      words = [tok.decode(doc["tokens"][a:b]).strip()
+               for a, b in zip(starts[:-1], starts[1:])]
+      assert not any(words[k:k + 2] == absent for k in range(len(words)))
+      for k in range(len(words) - 1):
+        if words[k:k + 2] == planted:
+          # The second word's start is cleared: one unit with the first.
+          assert not doc["phrase_starts"][starts[k + 1]]
+          marked += 1
+    assert marked > 10

@@ -67,12 +67,6 @@ def test_entries_take_the_config_defaults(demo_config):
   assert mixture.name(mixture.parse(other)) != mixture.name([wiki, books])
 
 
-def test_knowledge_spans_are_refused(demo_config):
-  config = _config(demo_config, "pg19; bertjax_python_docs", knowledge_spans=True)
-  with pytest.raises(ValueError, match="knowledge_spans"):
-    mixture.parse(config)
-
-
 @pytest.mark.parametrize("n,count", [(10, 30), (1000, 300), (997, 1500), (1, 4), (7, 7)])
 def test_a_pass_holds_each_document_as_its_weight_says(n, count):
   source = mixture.MixedSource([np.arange(n)], [count])

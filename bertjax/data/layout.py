@@ -31,7 +31,7 @@ def tokenized_dir(config, data_dir: str) -> str:
   corpora = mixture.parse(config)
   if corpora:
     return paths.join(data_dir, "bertjax_tokenized",
-                      f"{mixture.name(corpora)}__{corpora[0].key()}", _VERSION)
+                      mixture.shards_name(config, corpora[0]), _VERSION)
   key = builders.source_key(config.get("dataset") or "")
   spans = bool(config.get("knowledge_spans", False))
   return paths.join(data_dir, "bertjax_tokenized",
@@ -42,9 +42,11 @@ def written_directories(config, data_dir: str) -> list[str]:
   """The directories under ``data_dir`` that prepare may create for ``config``."""
   corpora = mixture.parse(config)
   if corpora:
-    return [paths.join(data_dir, "tokenizers")] + [
-        paths.join(data_dir, "bertjax_tokenized",
-                   f"{mixture.name(corpora)}__{c.key()}", _VERSION)
+    knowledge = ([paths.join(data_dir, "knowledge", mixture.name(corpora))]
+                 if config.get("knowledge_spans", False) else [])
+    return [paths.join(data_dir, "tokenizers")] + knowledge + [
+        paths.join(data_dir, "bertjax_tokenized", mixture.shards_name(config, c),
+                   _VERSION)
         for c in corpora] + [mixture.text_dir(data_dir, c)
                              for c in corpora if c.is_local_text()]
   dataset = config.get("dataset") or ""

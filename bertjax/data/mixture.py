@@ -140,11 +140,6 @@ def parse(config) -> list[Corpus]:
       raise _bad(entry, f"reads the same text as {seen[corpus.identity()]!r}",
                  "list each corpus once and give it a weight instead")
     seen[corpus.identity()] = entry
-  if config.get("knowledge_spans", False):
-    raise ValueError(
-        "config.mixture does not support ERNIE's knowledge_spans yet (its phrase "
-        "and entity lists are fitted on one corpus); prepare one corpus with "
-        "--config.text_files listing all the files, or unset --config.mixture.")
   return corpora
 
 
@@ -166,6 +161,13 @@ def name(corpora: Sequence[Corpus]) -> str:
   """
   ids = sorted(f"{c.text()}|{c.train_split}" for c in corpora)
   return "mixture_" + hashlib.sha256("\n".join(ids).encode()).hexdigest()[:12]
+
+
+def shards_name(config, corpus: Corpus) -> str:
+  """The directory under bertjax_tokenized/ of a corpus of ``config``'s mixture."""
+  spans = bool(config.get("knowledge_spans", False))
+  return (f"{name(parse(config))}__{corpus.key()}"
+          + (builders.KNOWLEDGE_SUFFIX if spans else ""))
 
 
 def describe(corpora: Sequence[Corpus]) -> str:

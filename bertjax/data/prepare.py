@@ -119,19 +119,29 @@ class PreparedData:
 resolve_data_dir = layout.resolve_data_dir
 
 
-def _fit_knowledge(config, spans: knowledge.Settings, tok, train: text_sources.Split,
-                   directory: str) -> None:
-  """Fits ERNIE's phrase and entity lists on evenly spaced train documents.
+def _fit_knowledge(config, spans: knowledge.Settings, tok,
+                   trains: Sequence[text_sources.Split], directory: str) -> None:
+  """Fits ERNIE's phrase and entity lists on evenly spaced train documents
+  of ``trains`` (one split, or every corpus of a mixture).
 
-  The sample is bounded (config.knowledge_fit_documents documents, of which
-  at most knowledge.MAX_FIT_SENTENCES sentences are counted) and
-  deterministic; the lists are written to ``directory`` for the workers.
+  The sample is bounded (config.knowledge_fit_documents documents, shared
+  among the splits by their sizes, of which at most
+  knowledge.MAX_FIT_SENTENCES sentences are counted) and deterministic; the
+  splits' picks are read interleaved by their place in their split, so that
+  the sentence bound cuts every corpus alike. The lists are written to
+  ``directory`` for the workers.
   """
   limit = config.get("knowledge_fit_documents", 50_000)
-  picks = np.unique(np.linspace(0, train.num_docs - 1,
-                                min(train.num_docs, limit)).astype(int))
-  source = train.source.open()
-  docs = (train.source.document(int(i), source[int(i)]) for i in picks)
+  total = sum(t.num_docs for t in trains)
+  picks = []  # (place in its split, split, document)
+  for k, train in enumerate(trains):
+    share = max(1, round(limit * train.num_docs / total))
+    for i in np.unique(np.linspace(0, train.num_docs - 1,
+                                   min(train.num_docs, share)).astype(int)):
+      picks.append((i / train.num_docs, k, int(i)))
+  picks.sort()
+  sources = [t.source.open() for t in trains]
+  docs = (trains[k].source.document(i, sources[k][i]) for _, k, i in picks)
   marker = knowledge.fit((ex for _, ex in builders.tokenize_documents(docs, tok)),
                          knowledge.WordReader(tok), spans)
   logging.info("Knowledge units from %d documents: %d phrases, %d entities (lists "
@@ -141,8 +151,12 @@ def _fit_knowledge(config, spans: knowledge.Settings, tok, train: text_sources.S
 
 
 def _tokenize(config, data_dir: str, name: str, tok, sources, spans,
-              knowledge_dir: str, engine: text_sources.Engine) -> str:
-  """Tokenizes every split into the published dataset bertjax_tokenized/<name>."""
+              knowledge_dir: str, engine: text_sources.Engine,
+              fit_on: Sequence[text_sources.Split] | None = None) -> str:
+  """Tokenizes every split into the published dataset bertjax_tokenized/<name>.
+
+  With ``spans``, the knowledge lists are fitted first on ``fit_on`` (None:
+  the train split; empty: already fitted by the caller)."""
   dataset_dir = os.path.join(data_dir, "bertjax_tokenized", name, _TOKENIZED_VERSION)
   plan = hashlib.sha256("|".join(
       [tok.fingerprint, spans.fingerprint() if spans else "", str(engine.block_bytes)]
@@ -157,7 +171,9 @@ def _tokenize(config, data_dir: str, name: str, tok, sources, spans,
           len(tasks), sized.source, builders.split_key(split), a, b, tok_path,
           knowledge_dir if spans else "", dataset_dir, "bertjax_tokenized", plan))
   if spans and any(stage.receipt(t.index) is None for t in tasks):
-    _fit_knowledge(config, spans, tok, sources[config.train_split], knowledge_dir)
+    fit_on = [sources[config.train_split]] if fit_on is None else fit_on
+    if fit_on:
+      _fit_knowledge(config, spans, tok, fit_on, knowledge_dir)
   todo = [t for t in tasks if stage.receipt(t.index) is None]
   logging.info("Tokenizing %s into %s: %d units, %d to do ...", list(sources),
                dataset_dir, len(tasks), len(todo))
@@ -322,11 +338,19 @@ def _prepare_mixture(config, data_dir: str, engine: text_sources.Engine,
   sources = [text_sources.text_sources(
       cfg, mixture.text_dir(data_dir, c) if c.is_local_text() else data_dir, engine)
       for cfg, c in zip(configs, corpora)]
-  tok = tokenizer_fit.tokenizer_for(
-      config, data_dir, key, [s[c.train_split] for s, c in zip(sources, corpora)],
-      engine, mixture.describe(corpora))
-  parts = [_shards(cfg, data_dir, f"{key}__{c.key()}", tok, s, None, "", engine)
-           for cfg, c, s in zip(configs, corpora, sources)]
+  trains = [s[c.train_split] for s, c in zip(sources, corpora)]
+  tok = tokenizer_fit.tokenizer_for(config, data_dir, key, trains, engine,
+                                    mixture.describe(corpora))
+  names = [mixture.shards_name(config, c) for c in corpora]
+  spans = (knowledge.Settings.from_config(config)
+           if config.get("knowledge_spans", False) else None)
+  knowledge_dir = os.path.join(data_dir, "knowledge", key)
+  if spans and not all(staged.is_published(os.path.join(
+      data_dir, "bertjax_tokenized", n, _TOKENIZED_VERSION)) for n in names):
+    # One set of phrase and entity lists, fitted on all the corpora.
+    _fit_knowledge(config, spans, tok, trains, knowledge_dir)
+  parts = [_shards(cfg, data_dir, n, tok, s, spans, knowledge_dir, engine, fit_on=())
+           for cfg, n, s in zip(configs, names, sources)]
   mixed = mixture.MixedData(corpora, parts, train_split=config.train_split,
                             eval_split=config.get("eval_split", ""), data_dir=data_dir)
   logging.info("Prepared the mixture %s in %.1f s: %s documents per pass, vocab %d.",
@@ -337,7 +361,8 @@ def _prepare_mixture(config, data_dir: str, engine: text_sources.Engine,
 
 
 def _shards(config, data_dir: str, name: str, tok, sources, spans,
-            knowledge_dir: str, engine: text_sources.Engine) -> PreparedData:
+            knowledge_dir: str, engine: text_sources.Engine,
+            fit_on: Sequence[text_sources.Split] | None = None) -> PreparedData:
   """Checks and reuses the shards bertjax_tokenized/<name>, or makes them."""
   dataset_dir = os.path.join(data_dir, "bertjax_tokenized", name, _TOKENIZED_VERSION)
   if staged.is_published(dataset_dir):
@@ -364,7 +389,8 @@ def _shards(config, data_dir: str, name: str, tok, sources, spans,
     logging.info("Reusing tokenized shards %s.", dataset_dir)
   else:
     tok_start = time.time()
-    _tokenize(config, data_dir, name, tok, sources, spans, knowledge_dir, engine)
+    _tokenize(config, data_dir, name, tok, sources, spans, knowledge_dir, engine,
+              fit_on)
     logging.info("Tokenized in %.1f s.", time.time() - tok_start)
     stored = tfds.builder_from_directory(dataset_dir).info
 
