@@ -10,6 +10,7 @@ from bertjax import compat
 from bertjax import train
 from bertjax.data import mixture
 from bertjax.data import prepare
+from bertjax.data import shards
 
 import corpus_files
 from test_train import read_metrics
@@ -156,6 +157,12 @@ def test_one_tokenizer_for_all_and_a_weighted_pass(mixed, two_corpora, demo_conf
               + [second.source("validation")[i] for i in range(second.splits["validation"])])
   assert len(val) == data.splits["validation"] == len(expected)
   assert all(np.array_equal(val[i]["tokens"], e["tokens"]) for i, e in enumerate(expected))
+
+  # `prepare --verify` reads every shard prepare made, the corpora's text too.
+  reports = shards.verify(data.data_dir)
+  assert all(r.problem is None for r in reports)
+  assert {r.shard.dataset_dir for r in reports} >= {first.tokenized_dir, second.tokenized_dir}
+  assert sum("bertjax_mixture_text" in r.shard.path for r in reports) >= 4  # 2 corpora x 2 splits
 
   # Again, and re-weighted: everything reused, nothing written.
   before = _files(data.data_dir)

@@ -45,7 +45,8 @@ from bertjax.data import tokenizer as tokenizer_lib
 
 MANIFEST = "bertjax_shards.json"
 # Datasets that prepare makes (and so can make again) under a data_dir.
-OWN_DATASETS = ("bertjax_python_docs", "bertjax_local_text", "bertjax_tokenized")
+OWN_DATASETS = ("bertjax_python_docs", "bertjax_local_text", "bertjax_tokenized",
+                "bertjax_mixture_text")
 # Records read per call when verifying: large enough to amortise the reads.
 _VERIFY_BATCH = 256
 
