@@ -27,6 +27,10 @@ from bertjax import batch as batch_lib
 from bertjax import paths
 
 
+# What a bertjax run writes into its workdir before its first checkpoint.
+_RUN_STARTED = (".bertjax.lock", "metrics.jsonl", "tensorboard")
+
+
 def _is_hf_dir(path: str) -> bool:
   from bertjax.convert import hf_files
   return paths.exists(paths.join(path, "config.json")) and any(
@@ -46,6 +50,39 @@ def _workdir_tokenizer(config: dict[str, Any], workdir: str):
         f"No tokenizer under {data_dir}/tokenizers; load the workdir the model "
         "was trained in, or set its data_dir.")
   return tokenizer_lib.Tokenizer(models[0])
+
+
+def _check_texts(texts) -> None:
+  """Refuses what would not be a batch of texts: one bare string (whose
+  characters would each become a row) or nothing at all."""
+  if isinstance(texts, (str, bytes)):
+    raise ValueError(
+        f"Got one string ({texts[:40]!r}), not a list of texts; pass a list, "
+        "e.g. [text], to get a batch of one.")
+  if len(texts) == 0:
+    raise ValueError("Got no texts (an empty list); pass at least one string "
+                     "or (A, B) pair.")
+
+
+def _padded_length(length: int, limit: int) -> int:
+  """The length to run ``length`` tokens at: the next power of two (at least
+  16, at most ``limit`` unless ``length`` is longer), so that texts of
+  different lengths reuse a few compiled programs instead of one each."""
+  return max(length, min(max(16, 1 << (length - 1).bit_length()), limit))
+
+
+def _truncated(pieces: list[list[int]], budget: int) -> list[list[int]]:
+  """The segments' tokens cut to ``budget`` in all, a token at a time from
+  the end of the longest (Hugging Face's ``longest_first``), so that [CLS]
+  and the separators of a row longer than its limit are kept."""
+  if budget < 0:
+    raise ValueError(
+        f"max_length leaves no room for the text beside [CLS] and the "
+        f"separators ({-budget} too few); pass a larger max_length.")
+  lengths = [len(p) for p in pieces]
+  while sum(lengths) > budget:
+    lengths[lengths.index(max(lengths))] -= 1
+  return [p[:n] for p, n in zip(pieces, lengths)]
 
 
 class Model:
@@ -105,12 +142,15 @@ class Model:
         or 0 for both where the model has one segment (``type_vocab_size``
         1, or ``config.single_segment`` as an imported RoBERTa records; it
         also joins them with two separators).
-      max_length: truncation length (default max_position_embeddings).
+      max_length: truncation length (default max_position_embeddings): a
+        longer row keeps [CLS] and its separators, and loses tokens from
+        the end of its longest segment, one at a time.
 
     Returns:
       int32 [batch, length] tokens, segment_ids, positions, doc_ids (1 on
       real tokens, 0 on padding).
     """
+    _check_texts(texts)
     limit = int(max_length or self.config["max_position_embeddings"])
     # No segment table (type_vocab_size 0, DeBERTa-v3) reads segment 0 too.
     last_segment = 0 if self._single_segment else max(
@@ -118,14 +158,15 @@ class Model:
     rows, segs = [], []
     for text in texts:
       parts = (text,) if isinstance(text, str) else tuple(text)
+      seps = [self._pair_separators] * (len(parts) - 1) + [1]
+      pieces = _truncated([[int(i) for i in self.tokenizer.encode_batch([part])[0]]
+                           for part in parts], limit - 1 - sum(seps))
       ids, seg = [batch_lib.CLS_ID], [0]
-      for s, part in enumerate(parts):
-        piece = [int(i) for i in self.tokenizer.encode_batch([part])[0]]
-        seps = 1 if s == len(parts) - 1 else self._pair_separators
-        ids += piece + [batch_lib.SEP_ID] * seps
-        seg += [min(s, last_segment)] * (len(piece) + seps)
-      rows.append(ids[:limit])
-      segs.append(seg[:limit])
+      for s, (piece, n) in enumerate(zip(pieces, seps)):
+        ids += piece + [batch_lib.SEP_ID] * n
+        seg += [min(s, last_segment)] * (len(piece) + n)
+      rows.append(ids)
+      segs.append(seg)
     length = max(len(r) for r in rows)
     out = {k: np.zeros((len(rows), length), np.int32)
            for k in ("tokens", "segment_ids", "doc_ids")}
@@ -150,15 +191,22 @@ class Model:
     """
     tokens = np.asarray(inputs["tokens"], np.int32)
     batch, length = tokens.shape
-    x = {k: np.asarray(inputs[k], np.int32)
+    # Padding (doc_ids 0) is attended by no real token, so running at a
+    # padded length and cutting back changes nothing but the compiles.
+    padded = _padded_length(length, int(self.config["max_position_embeddings"]))
+    x = {k: np.pad(np.asarray(inputs[k], np.int32), ((0, 0), (0, padded - length)))
          for k in ("tokens", "segment_ids", "positions", "doc_ids")}
+    x["positions"][:, length:] = np.arange(length, padded, dtype=np.int32)
     want_mlm = mlm and self.has_mlm_head
     x["masked_positions"] = np.broadcast_to(
-        np.arange(length if want_mlm else 1, dtype=np.int32),
-        (batch, length if want_mlm else 1))
-    out = self._apply(self.params, x)
+        np.arange(padded if want_mlm else 1, dtype=np.int32),
+        (batch, padded if want_mlm else 1))
+    out = dict(self._apply(self.params, x))
+    for key in ("hidden", "mlm_logits", "rtd_logits"):  # [batch, padded, ...]
+      if key in out:
+        out[key] = out[key][:, :length]
     result = {"hidden": np.asarray(out["hidden"], np.float32),
-              "mask": x["doc_ids"] != 0}
+              "mask": np.asarray(inputs["doc_ids"]) != 0}
     # The sentence head (NSP, or ALBERT's SOP) reads the pooler: a fresh
     # pooler makes its logits meaningless too.
     for key, heads in (("pooled", ("pooler",)), ("nsp_logits", ("pooler", "nsp", "sop")),
@@ -200,6 +248,9 @@ class Model:
       (softmax probability over the whole vocabulary).
     """
     from bertjax import fill_mask as fill_mask_lib
+    if not isinstance(text, str):
+      raise ValueError(f"fill_mask takes one text, not a {type(text).__name__}; "
+                       "call it once per text.")
     inputs, where = fill_mask_lib.mask_inputs(self, text)
     if self._replaced_token_detection:
       raise ValueError(
@@ -245,6 +296,11 @@ def load(path: str, step: int | None = None) -> Model:
   if _is_hf_dir(path):
     fields, params, initialised, _, tokenizer = workdir_lib.load_hf(path)
     return Model(fields, params, tokenizer, fresh_heads=initialised)
+  if any(paths.exists(paths.join(path, name)) for name in _RUN_STARTED):
+    raise ValueError(
+        f"{path} is a bertjax workdir whose run has saved no checkpoint yet; load "
+        "it once the first one is written (every config.checkpoint_every_steps "
+        "steps, and at the end).")
   raise ValueError(
       f"{path} is neither a bertjax workdir (no checkpoints/) nor a Hugging Face "
       "model directory (config.json + model.safetensors); pass one of those.")

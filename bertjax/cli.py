@@ -11,7 +11,9 @@ import importlib.util
 import logging
 import os
 import re
+import signal
 import sys
+import threading
 
 from absl import app
 from absl import flags
@@ -112,8 +114,66 @@ def _unknown_override(argv: list[str]) -> str | None:
   return None
 
 
+INTERRUPTED = ("error: interrupted (Ctrl-C); run the same command again to go on "
+               "from what was saved.")
+
+
+# Whether a Ctrl-C is on its way up as KeyboardInterrupt.
+_interrupted = False
+
+
+def _one_line_interrupt(kind, value, traceback) -> None:
+  """``sys.excepthook``: Ctrl-C that reaches the top gives one line, not the
+  traceback of wherever the main thread was; the exit status stays SIGINT's."""
+  if issubclass(kind, KeyboardInterrupt):
+    print(INTERRUPTED, file=sys.stderr, flush=True)
+    return
+  sys.__excepthook__(kind, value, traceback)
+
+
+def _on_interrupt(signum, frame) -> None:
+  """SIGINT: KeyboardInterrupt; a second Ctrl-C while the first is still on
+  its way (its clean-up hangs) ends the process at once, as kill -9 would,
+  which every binary survives."""
+  global _interrupted
+  del signum, frame
+  if _interrupted:
+    print(INTERRUPTED, file=sys.stderr, flush=True)
+    os._exit(128 + signal.SIGINT)
+  _interrupted = True
+  raise KeyboardInterrupt
+
+
+def _redeliver_swallowed_interrupt(unraisable) -> None:
+  """``sys.unraisablehook``: Python ignores a KeyboardInterrupt raised inside
+  a finalizer or a gc callback (JAX runs one at every collection, so Ctrl-C
+  often lands there during data preparation) and prints its traceback; the
+  signal is sent again instead, to stop the program as the user asked:
+  from a timer thread, so that it arrives once the callback has returned."""
+  global _interrupted
+  if isinstance(unraisable.exc_value, KeyboardInterrupt):
+    _interrupted = False
+    threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGINT)).start()
+    return
+  sys.__unraisablehook__(unraisable)
+
+
+def _handle_interrupts() -> None:
+  """Ctrl-C ends a binary with one line (main thread; a process started with
+  SIGINT ignored keeps ignoring it)."""
+  sys.excepthook = _one_line_interrupt
+  sys.unraisablehook = _redeliver_swallowed_interrupt
+  if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    signal.signal(signal.SIGINT, _on_interrupt)
+
+
 def parse_flags(argv: list[str]) -> list[str]:
-  """absl flags_parser: parses ``argv``, or exits(2) with one clear sentence."""
+  """absl flags_parser: parses ``argv``, or exits(2) with one clear sentence.
+
+  Every binary parses its flags here first, so this is also where Ctrl-C is
+  given its one line (``_handle_interrupts``).
+  """
+  _handle_interrupts()
   try:
     rest = flags.FLAGS(argv)
     for name in ("config",):  # config files load lazily; fail here, not later
@@ -147,12 +207,18 @@ def quiet_libraries() -> None:
 
 def run(main) -> None:
   """``app.run`` with the friendly flag parser, turning a ValueError raised by
-  bertjax (bad input, refused before any device work) into one line."""
+  bertjax (bad input, refused before any device work) into one line, and a
+  training run stopped by SIGTERM or Ctrl-C (``guards.Preempted``, e.g. inside
+  ``bertjax.study``) into its message and exit status."""
+  from bertjax import guards
 
   def wrapped(argv):
     quiet_libraries()
     try:
       return main(argv)
+    except guards.Preempted as e:
+      print(str(e), flush=True)
+      return e.exit_status
     except ValueError as e:
       if flags.FLAGS["verbosity"].present or not str(e):
         raise

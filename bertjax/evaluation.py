@@ -190,6 +190,13 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None) -> dict[s
     raise ValueError(f"No checkpoint for step {step} in {checkpointer.directory}; "
                      f"pass --step as one of {sorted(steps)}.")
   checkpointer.check_intact(step)
+  # A read-only workdir (another user's run) is still evaluated; the record
+  # is only printed, as said here before any device work.
+  writable = paths.unwritable(workdir) is None
+  if not writable:
+    logging.warning("The workdir %s is read-only, so this evaluation is printed "
+                    "but not written to eval_%d.json; make it writable to keep it.",
+                    workdir, step)
   # Evaluation reads only the parameters: just the layout has to agree.
   compat.check(checkpointer.saved_config(step), config, checkpointer.where(step),
                layout_only=True)
@@ -208,6 +215,6 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None) -> dict[s
   record = evaluate_params(config, state.params, prepared, mesh, model,
                            objectives.get_objective(config))
   record = {"step": step, **record}
-  path = write_record(workdir, record, keep_others=True)
-  logging.info("Wrote %s.", path)
+  if writable:
+    logging.info("Wrote %s.", write_record(workdir, record, keep_others=True))
   return record

@@ -13,6 +13,10 @@ same command goes on:
     by the next run), after the checkpoint of the step has committed.
 ``bertjax.main`` calls ``catch_sigterm`` before its heavy imports, so a
 SIGTERM during start-up is remembered rather than fatal (exit 143).
+Ctrl-C (SIGINT) in the train loop is taken the same way, with exit status
+``EXIT_INTERRUPTED``; a second Ctrl-C, or one outside the loop (start-up,
+data preparation), stops at once, and the binaries say so in one line
+(``bertjax/cli.py``).
 
 Non-finite loss: the train step never applies an update whose loss or
 gradient norm is NaN/Inf (it reports the step as skipped instead). With
@@ -30,11 +34,18 @@ import threading
 from absl import logging
 
 EXIT_PREEMPTED = 75
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 NONFINITE_MODES = ("stop", "skip")
 
 # Set by the SIGTERM handler; module-level so that a signal caught during
 # start-up (``catch_sigterm``) reaches the watcher created later.
 _SIGTERM = threading.Event()
+# Set with _SIGTERM when the stop was asked for with Ctrl-C.
+_SIGINT = threading.Event()
+
+
+def _cause() -> str:
+  return "Interrupted (Ctrl-C)" if _SIGINT.is_set() else "Preempted"
 
 
 class Preempted(Exception):
@@ -42,9 +53,11 @@ class Preempted(Exception):
 
   def __init__(self, step: int, message: str | None = None):
     super().__init__(message or (
-        f"Preempted at step {step}; a checkpoint of that step was saved, run "
+        f"{_cause()} at step {step}; a checkpoint of that step was saved, run "
         "the same command again to resume."))
     self.step = step
+    self.interrupted = _SIGINT.is_set()
+    self.exit_status = EXIT_INTERRUPTED if self.interrupted else EXIT_PREEMPTED
 
   @classmethod
   def before_first_step(cls, newest: int | None) -> "Preempted":
@@ -56,7 +69,7 @@ class Preempted(Exception):
 
   @classmethod
   def during_final_evaluation(cls, step: int) -> "Preempted":
-    return cls(step, f"Preempted during the final evaluation; the checkpoint of "
+    return cls(step, f"{_cause()} during the final evaluation; the checkpoint of "
                      f"step {step} is saved, run the same command again to "
                      "evaluate it.")
 
@@ -71,6 +84,18 @@ def _on_sigterm(signum, frame):
   _SIGTERM.set()
 
 
+def _on_sigint(signum, frame):
+  """The first Ctrl-C stops the train loop as SIGTERM does; a second, or
+  one after SIGTERM, stops at once."""
+  del signum, frame
+  if _SIGTERM.is_set():
+    raise KeyboardInterrupt
+  logging.warning("Ctrl-C: stopping after a checkpoint of this step; press Ctrl-C "
+                  "again to stop at once (the newest checkpoint stays).")
+  _SIGINT.set()
+  _SIGTERM.set()
+
+
 def catch_sigterm() -> None:
   """Remembers SIGTERM instead of dying of it (main thread only)."""
   if threading.current_thread() is threading.main_thread():
@@ -82,8 +107,18 @@ class PreemptionWatcher:
 
   def __init__(self):
     self._previous = None
+    self._previous_sigint = None
     if threading.current_thread() is threading.main_thread():
       self._previous = signal.signal(signal.SIGTERM, _on_sigterm)
+
+  def catch_interrupt(self) -> None:
+    """From here on (the train loop) until ``close``, the first Ctrl-C stops
+    at the next step with a checkpoint instead of at once (main thread only;
+    a process started with SIGINT ignored, as a shell's background job is,
+    keeps ignoring it)."""
+    if (threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN):
+      self._previous_sigint = signal.signal(signal.SIGINT, _on_sigint)
 
   @staticmethod
   def signalled() -> bool:
@@ -107,7 +142,11 @@ class PreemptionWatcher:
     if self._previous is not None:
       signal.signal(signal.SIGTERM, self._previous)
       self._previous = None
+    if self._previous_sigint is not None:
+      signal.signal(signal.SIGINT, self._previous_sigint)
+      self._previous_sigint = None
     _SIGTERM.clear()  # a later run in this process starts afresh
+    _SIGINT.clear()
 
 
 class NonFiniteGuard:

@@ -59,7 +59,7 @@ def main(argv):
     train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except guards.Preempted as e:
     print(str(e), flush=True)
-    return guards.EXIT_PREEMPTED
+    return e.exit_status
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from etils import epath
 
 # Written last by ``push`` and checked first by readers: a dataset is only
 # trusted once these exist, so a push cut short is never taken for data.
-_MARKERS = ("dataset_info.json", "features.json", "bertjax_shards.json")
+MARKERS = ("dataset_info.json", "features.json", "bertjax_shards.json")
 _SKIP_DIRS = (".staging",)
 # Files smaller than this are copied even when the sizes agree.
 _ALWAYS_COPY_BELOW = 1 << 16
@@ -94,6 +94,54 @@ def require_directory(p: str | os.PathLike, flag: str) -> None:
     raise ValueError(
         f"{flag}={os.fspath(p)} {where}, not a directory; pass the path of a "
         "directory (it is created if missing).")
+
+
+def unwritable(p: str | os.PathLike) -> str | None:
+  """The local directory that keeps ``p`` from being written: ``p`` itself
+  when it exists and is read-only, or, for a ``p`` still to be created, its
+  nearest existing parent when that is; None when ``p`` can be written (and
+  for a URL, whose permissions only the store knows)."""
+  if is_remote(p):
+    return None
+  current = os.path.abspath(os.fspath(p))
+  while not os.path.exists(current) and os.path.dirname(current) != current:
+    current = os.path.dirname(current)
+  effective = os.access in os.supports_effective_ids
+  if os.path.isdir(current) and not os.access(
+      current, os.W_OK | os.X_OK, effective_ids=effective):
+    return current
+  return None
+
+
+def require_writable(p: str | os.PathLike, flag: str, what: str) -> None:
+  """Raises ValueError, naming ``what`` (e.g. 'the workdir') and ``flag``,
+  when the local directory ``p`` cannot be written or created."""
+  blocker = unwritable(p)
+  if blocker is None:
+    return
+  where = "" if blocker == os.path.abspath(os.fspath(p)) else (
+      f": {blocker}, where it would be created, is read-only")
+  raise ValueError(
+      f"Cannot write to {what} {os.fspath(p)} (permission denied{where}); make it "
+      f"writable or pass another {flag}.")
+
+
+def require_bucket(p: str | os.PathLike, flag: str) -> None:
+  """Raises ValueError, naming ``flag``, when the remote ``p`` lies in a bucket
+  that does not exist (a mistyped name would otherwise surface only at the
+  first upload, after the data is prepared); a local path passes. Lists the
+  bucket's top level, which needs no permission beyond reading its objects."""
+  if not is_remote(p) or exists(p):
+    return
+  scheme, rest = absolute(p).split("://", 1)
+  bucket = f"{scheme}://{rest.split('/', 1)[0]}"
+  try:
+    next(iter(path(bucket).iterdir()), None)
+  except FileNotFoundError:
+    raise ValueError(
+        f"{flag}={os.fspath(p)} lies in the bucket {bucket}, which does not "
+        f"exist; create it (gcloud storage buckets create {bucket}) or fix the "
+        "bucket's name.") from None
 
 
 def read_text(p: str | os.PathLike) -> str:
@@ -254,7 +302,7 @@ def _copy_tree(src: str, dst: str, staging: bool = False) -> int:
   have = dict(walk_files(dst, staging=staging))
   todo = [(rel, size) for rel, size in walk_files(src, staging=staging)
           if have.get(rel) != size or size < _ALWAYS_COPY_BELOW]
-  todo.sort(key=lambda item: (os.path.basename(item[0]) in _MARKERS, item[0]))
+  todo.sort(key=lambda item: (os.path.basename(item[0]) in MARKERS, item[0]))
   for rel, _ in todo:
     target = path(dst) / rel
     if not is_remote(target):

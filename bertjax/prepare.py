@@ -105,8 +105,11 @@ def main(argv):
     sys.exit(1)
   mixed = isinstance(prepared, mixture.MixedData)
   what = mixture.describe(prepared.corpora) if mixed else config.dataset
-  print(f"Prepared {what} in {prepared.data_dir}")
-  print(f"  tokenizer: {prepared.tokenizer_path} ({config.tokenizer}, vocab "
+  # A gs:// data_dir is prepared in its local mirror and uploaded: name the bucket.
+  mirror = "" if prepared.data_dir == data_dir else f" (local mirror {prepared.data_dir})"
+  print(f"Prepared {what} in {data_dir}{mirror}")
+  tokenizer_path = prepared.tokenizer_path.replace(prepared.data_dir, data_dir, 1)
+  print(f"  tokenizer: {tokenizer_path} ({config.tokenizer}, vocab "
         f"{prepared.vocab_size}, sha256 {prepared.fingerprint[:12]})")
   for split, docs in prepared.splits.items():
     unknown = prepared.unk_rate.get(split)

@@ -292,8 +292,8 @@ def train_and_evaluate(config, workdir: str, *,
     or None when stopped early.
 
   Raises:
-    guards.Preempted: SIGTERM (or a pod's preemption notice) came; the
-      message says what was saved.
+    guards.Preempted: SIGTERM (or a pod's preemption notice, or Ctrl-C in
+      the train loop) came; the message says what was saved.
     ValueError: bad input, refused with one sentence.
   """
   preemption = guards.PreemptionWatcher()
@@ -397,6 +397,7 @@ def _train_and_evaluate(config, workdir, stop_at_step, preemption):
   last = config.num_train_steps if stop_at_step is None else min(
       stop_at_step, config.num_train_steps)
   acc, pending, previous, saved_step = None, None, None, None
+  preemption.catch_interrupt()  # Ctrl-C from here on: a checkpoint, then stop
 
   def save(step, state):
     nonlocal previous, saved_step
@@ -442,6 +443,8 @@ def _train_and_evaluate(config, workdir, stop_at_step, preemption):
             best.offer(step, record.get("loss", record["mlm_loss"]), state,
                        train_iter.get_state(), config, prepared.fingerprint)
         if stopping:
+          if pending is not None:  # its row, else the resumed run never logs it
+            _write_train_metrics(writer, progress, schedule, *pending)
           checkpointer.wait()
           raise guards.Preempted(step)
       if previous is not None:

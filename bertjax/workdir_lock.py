@@ -40,6 +40,42 @@ def _unwritable(workdir: str, error: OSError) -> ValueError:
       "writable or pass another --workdir.")
 
 
+# What a run rewrites, appends to or prunes in its workdir: where one exists
+# read-only, the run would fail at its first log row or checkpoint.
+WRITTEN = ("checkpoints", "best_checkpoint", "tensorboard", "metrics.jsonl", LOCK_FILE)
+
+
+def _read_only_entry(workdir: str) -> str | None:
+  """The first of ``WRITTEN`` (a directory under them included) in
+  ``workdir`` that exists and cannot be written, or None."""
+  effective = os.access in os.supports_effective_ids
+  for name in WRITTEN:
+    top = os.path.join(workdir, name)
+    if not os.path.exists(top):
+      continue
+    below = [os.path.join(root, d) for root, dirs, _ in os.walk(top) for d in dirs]
+    for entry in [top] + sorted(below):
+      mode = os.W_OK | (os.X_OK if os.path.isdir(entry) else 0)
+      if not os.access(entry, mode, effective_ids=effective):
+        return entry
+  return None
+
+
+def check_writable(workdir: str) -> None:
+  """Refuses, in one sentence and before any work, a local workdir whose run
+  could not write what it writes: the workdir itself (or the parent it is
+  created in) and the entries of ``WRITTEN`` it holds. Writes nothing."""
+  if "://" in workdir:
+    return
+  from bertjax import paths
+  paths.require_writable(workdir, "--workdir", "the workdir")
+  entry = _read_only_entry(workdir)
+  if entry is not None:
+    raise ValueError(
+        f"Cannot write to the workdir {workdir}: {entry} is read-only (permission "
+        f"denied); make it writable (chmod -R u+w {entry}) or pass another --workdir.")
+
+
 class WorkdirLock:
   """The run's hold on its workdir; ``release`` (or process death) ends it."""
 
@@ -57,6 +93,10 @@ class WorkdirLock:
     """
     try:
       os.makedirs(self.workdir, exist_ok=True)
+    except OSError as e:
+      raise _unwritable(self.workdir, e) from None
+    check_writable(self.workdir)  # before the lock file is made
+    try:
       fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
       raise _unwritable(self.workdir, e) from None

@@ -41,3 +41,10 @@ def manifest(*, name: str, slice_: topologies.Slice, script: str, image: str,
       gke_accelerator=slice_.gke_accelerator, topology=json.dumps(slice_.topology),
       spot_selector=_SPOT if spot else "", image=json.dumps(image),
       script=json.dumps(script), chips_per_host=slice_.chips_per_host)
+
+
+if __name__ == "__main__":
+  # This module only renders; the launcher owns the flags and the checks.
+  raise SystemExit("error: launch/gke.py renders the manifest for the launcher; run "
+                   "python -m launch.tpu --gke_manifest --name=... --accelerator_type=... "
+                   "--config=... --workdir=gs://... instead.")

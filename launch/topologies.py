@@ -36,6 +36,15 @@ GENERATIONS: dict[str, Generation] = {
 }
 
 ACCELERATOR = re.compile(r"^(v2|v3|v4|v5p|v5litepod|v6e)-([1-9][0-9]*)$")
+# Names people use for a generation that the accelerator types spell otherwise.
+ALIASES = {"v5e": "v5litepod", "v5lite": "v5litepod", "v6": "v6e"}
+
+
+def _spelling(accelerator_type: str) -> str:
+  """The accelerator type a misspelt one most likely means ('' if none)."""
+  name, _, size = accelerator_type.strip().lower().partition("-")
+  guess = f"{ALIASES.get(name, name)}-{size}"
+  return guess if ACCELERATOR.match(guess) else ""
 
 # The default (smallest-perimeter) chip grid for a chip count, as GKE's
 # cloud.google.com/gke-tpu-topology label spells it.
@@ -69,6 +78,10 @@ def parse(accelerator_type: str) -> Slice:
     ValueError: for a name that is no Cloud TPU accelerator type.
   """
   match = ACCELERATOR.match(accelerator_type)
+  if not match and _spelling(accelerator_type):
+    raise ValueError(
+        f"--accelerator_type={accelerator_type!r} is not a Cloud TPU type; "
+        f"Cloud TPU spells it {_spelling(accelerator_type)}.")
   if not match:
     raise ValueError(
         f"--accelerator_type={accelerator_type!r} is not a Cloud TPU type; use "
@@ -84,6 +97,12 @@ def parse(accelerator_type: str) -> Slice:
   chips = size // gen.cores_per_chip
   if chips <= gen.max_single_host:
     hosts, per_host = 1, chips
+  elif chips % gen.host_chips:
+    raise ValueError(
+        f"--accelerator_type={accelerator_type!r}: a multi-host {name} slice is "
+        f"whole hosts of {gen.host_chips} chips, and {chips} chips are not; pick "
+        f"a size listed in launch/topologies.py, e.g. "
+        f"{name}-{4 * gen.host_chips * gen.cores_per_chip}.")
   else:
     hosts, per_host = math.ceil(chips / gen.host_chips), gen.host_chips
   grids = GRID_3D if gen.grid_dims == 3 else GRID_2D

@@ -33,6 +33,7 @@ import dataclasses
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -43,6 +44,7 @@ from absl import flags
 
 from launch import gcloud
 from launch import gke
+from launch import preflight
 from launch import topologies
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -264,6 +266,31 @@ def validate(*, name: str, accelerator_type: str, config: str, workdir: str,
   return slice_
 
 
+def require_gcloud() -> None:
+  """Refuses to start without the gcloud CLI, before anything is created."""
+  if shutil.which("gcloud") is None:
+    raise LaunchError(
+        "The gcloud CLI is not on PATH; install it (https://cloud.google.com/sdk/"
+        "docs/install) and run gcloud auth login, or pass --dry_run to print the "
+        "commands without running them.")
+
+
+def check_config(config: str, rev: str, extra: Sequence[str],
+                 slice_: topologies.Slice) -> None:
+  """The config exists in the commit, its overrides apply, and its batch and
+  mesh fit the slice (the last two only where bertjax is installed here)."""
+  try:
+    preflight.config_in_commit(ROOT, config, rev)
+    loaded = preflight.load_config(ROOT, config, extra)
+    if loaded is None:
+      _log("bertjax is not installed beside the launcher, so the config's "
+           "fields, batch and mesh are checked only on the workers.")
+      return
+    preflight.batch_fits(loaded, slice_)
+  except ValueError as e:
+    raise LaunchError(str(e)) from None
+
+
 def main(argv: Sequence[str]) -> int:
   extra = list(argv[1:])
   required = ["name", "accelerator_type", "config", "workdir"]
@@ -278,6 +305,9 @@ def main(argv: Sequence[str]) -> int:
   slice_ = validate(name=_NAME.value, accelerator_type=_ACCELERATOR.value,
                     config=_CONFIG.value, workdir=_WORKDIR.value, extra=extra)
   repo, rev = resolve_source(_REPO.value, _REV.value, _ALLOW_DIRTY.value)
+  check_config(_CONFIG.value, rev, extra, slice_)
+  if not (_GKE.value or _DRY_RUN.value):
+    require_gcloud()
   train = gcloud.train_argv(_CONFIG.value, _WORKDIR.value, extra)
   if _GKE.value:
     print(gke.manifest(name=_NAME.value, slice_=slice_,

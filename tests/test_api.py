@@ -135,3 +135,93 @@ def test_fill_mask_on_an_electra_discriminator_says_why_not(demo_data):
     model.fill_mask("A [MASK] returns a value.")
   out = model.encode(["A function returns a value."])
   assert "mlm_logits" not in out and out["rtd_logits"].shape == out["mask"].shape
+
+
+def _fresh_tiny(demo_config, demo_data):
+  """A freshly initialised tiny BERT with the demo tokenizer (no training)."""
+  import jax
+  from flax import linen as nn
+  from bertjax import api
+  from bertjax.convert import core
+  config = demo_config.to_dict()
+  module = core.build_model(config)
+  params = jax.tree_util.tree_map(np.array, nn.meta.unbox(
+      core._boxed_init(module, jax.random.key(0))))
+  return api.Model(config, params, demo_data.tokenizer())
+
+
+def test_inputs_that_are_not_a_batch_of_texts_are_refused(demo_config, demo_data):
+  model = _fresh_tiny(demo_config, demo_data)
+  # One bare string used to become one row per character.
+  with pytest.raises(ValueError, match="not a list of texts.*\\[text\\]"):
+    model.embed("The cat sat.")
+  with pytest.raises(ValueError, match="not a list of texts"):
+    model.encode("The cat sat.")
+  with pytest.raises(ValueError, match="Got no texts"):
+    model.embed([])
+  with pytest.raises(ValueError, match="one text, not a list"):
+    model.fill_mask(["The [MASK] sat."])
+  # An empty text and a non-ASCII one are ordinary rows.
+  vectors = model.embed(["", "Grüße aus 東京 🙂"])
+  assert vectors.shape[0] == 2 and np.isfinite(vectors).all()
+
+
+def test_texts_of_many_lengths_reuse_compiles_and_keep_their_outputs(demo_config, demo_data):
+  import jax
+  model = _fresh_tiny(demo_config, demo_data)
+  texts = [" ".join(["word"] * n) for n in range(1, 25)]
+  outs = [model.encode([t]) for t in texts]
+  # One program per power-of-two length, not one per length.
+  assert model._apply._cache_size() <= 2
+  for text, out in zip(texts, outs):
+    length = out["tokens"].shape[1]
+    assert out["hidden"].shape[:2] == out["mlm_logits"].shape[:2] == (1, length)
+  # The same as running the model at the text's own length, unpadded.
+  inputs = model.tokenize([texts[-1]])
+  length = inputs["tokens"].shape[1]
+  x = {**inputs, "masked_positions": np.arange(length, dtype=np.int32)[None]}
+  exact = model._module.apply({"params": model.params}, x)
+  np.testing.assert_allclose(outs[-1]["hidden"], np.asarray(exact["hidden"]), atol=1e-5)
+  np.testing.assert_allclose(outs[-1]["mlm_logits"], np.asarray(exact["mlm_logits"]),
+                             atol=1e-4)
+  # And a short text gives the same embedding alone and beside a long one.
+  alone = model.embed([texts[0]])
+  beside = model.embed([texts[0], texts[-1]])
+  np.testing.assert_allclose(alone[0], beside[0], atol=1e-5)
+
+
+def test_a_workdir_before_its_first_checkpoint_says_so(tmp_path):
+  import bertjax
+  started = tmp_path / "run"
+  started.mkdir()
+  (started / ".bertjax.lock").write_text("")
+  (started / "metrics.jsonl").write_text("")
+  with pytest.raises(ValueError, match="run has saved no checkpoint yet"):
+    bertjax.load(str(started))
+  with pytest.raises(ValueError, match="neither a bertjax workdir"):
+    bertjax.load(str(tmp_path / "nothing"))
+
+
+def test_over_long_rows_keep_their_specials_and_cut_the_longest_segment(demo_config,
+                                                                        demo_data):
+  from bertjax import batch as batch_lib
+  model = _fresh_tiny(demo_config, demo_data)
+  tok = demo_data.tokenizer()
+  long_a, short_b = "word " * 300, "a short second segment"
+  n_b = len(tok.encode_batch([short_b])[0])
+  out = model.tokenize([long_a, (long_a, short_b)], max_length=40)
+  assert out["tokens"].shape == (2, 40)
+  single, pair = out["tokens"]
+  # [CLS] at the start, [SEP] at the end: the row is a whole one, cut inside.
+  assert single[0] == pair[0] == batch_lib.CLS_ID
+  assert single[-1] == pair[-1] == batch_lib.SEP_ID
+  # The pair lost tokens from its longer (first) segment only: B is whole.
+  seps = np.flatnonzero(pair == batch_lib.SEP_ID)
+  assert len(seps) == 2 and seps[1] - seps[0] - 1 == n_b
+  assert list(out["segment_ids"][1][seps[0] + 1:]) == [1] * (n_b + 1)
+  # Two equally long segments share the cut (longest first, one at a time).
+  even = model.tokenize([(long_a, long_a)], max_length=41)["tokens"][0]
+  seps = np.flatnonzero(even == batch_lib.SEP_ID)
+  assert seps[0] - 1 == seps[1] - seps[0] - 1 == 19
+  with pytest.raises(ValueError, match="no room.*larger max_length"):
+    model.tokenize([("a", "b")], max_length=2)

@@ -251,3 +251,182 @@ def test_gs_metrics_are_uploaded_at_most_every_interval_and_at_checkpoints(gcs):
   writer.write(8, {"loss": 8.0})
   assert uploaded()[-1] == 8
   writer.close()
+
+
+@pytest.fixture(scope="module")
+def pretrained_in_bucket(gcs, tmp_path_factory, demo_config, demo_data):
+  """(gs:// workdir, its local twin): a tiny BERT trained two steps locally,
+  then copied into the bucket."""
+  from bertjax import paths
+  from bertjax import train
+  config = config_for(demo_config, demo_data.data_dir)
+  config.num_train_steps = 2
+  config.checkpoint_every_steps = 2
+  config.eval_max_batches = 1
+  local = str(tmp_path_factory.mktemp("pretrained"))
+  train.train_and_evaluate(config, local)
+  remote = f"gs://{gcs.bucket}/pretrained"
+  paths.push(local, remote)
+  return remote, local
+
+
+def test_finetune_from_a_gs_init_into_a_gs_workdir(gcs, pretrained_in_bucket, tmp_path,
+                                                   monkeypatch):
+  # --init=gs://... was taken for a local path (os.path.isdir) and refused as
+  # "neither a bertjax workdir nor a Hugging Face model directory".
+  from etils import epath
+  from bertjax import config_files
+  from bertjax.finetune import encoder_init
+  from bertjax.finetune import loop
+  remote, local = pretrained_in_bucket
+  fields, params, _, step = encoder_init.load(remote)
+  want = encoder_init.load(local)
+  assert step == want[3] == 2 and fields == want[0]
+  import jax
+  jax.tree_util.tree_map(np.testing.assert_array_equal, params, want[1])
+  c = config_files.shipped("finetune").get_config("coherence")
+  for k, v in dict(batch_size=8, seq_len=32, num_epochs=1.0, max_train_examples=16,
+                   max_eval_examples=8, log_every_steps=1000).items():
+    c[k] = v
+  monkeypatch.chdir(tmp_path)
+  workdir = f"gs://{gcs.bucket}/finetuned"
+  result = loop.run(c, remote, workdir)
+  assert result["step"] == 2
+  record = json.loads(epath.Path(workdir, encoder_init.RECORD).read_text())
+  assert record["init"] == remote and record["step"] == 2
+  names = [n for n in gcs.object_names() if n.startswith("finetuned/")]
+  assert "finetuned/checkpoints/2/commit_success.txt" in names
+  assert not [n for n in names if n.endswith(".tmp")]
+  assert os.listdir(tmp_path) == []  # nothing written locally instead
+  # Resuming the finished run from the same init (moved: the local twin)
+  # is accepted; the record is compared by hashes.
+  assert loop.run(c, local, workdir)["step"] == 2
+
+
+def test_from_hf_into_a_gs_workdir_keeps_what_it_moved(gcs, pretrained_in_bucket,
+                                                       demo_config, tmp_path):
+  # The staging directory's moves leave no object under it, and removing it
+  # raised FileNotFoundError, which made the import delete the whole new
+  # workdir and end in a traceback.
+  from bertjax import api
+  from bertjax.convert import workdir as workdir_lib
+  _, local = pretrained_in_bucket
+  hf_dir = str(tmp_path / "hf")
+  workdir_lib.export_hf(local, hf_dir)
+  workdir = f"gs://{gcs.bucket}/imported"
+  report = workdir_lib.import_hf(hf_dir, workdir, demo_config)
+  assert report.config.tokenizer_path == f"{workdir}/tokenizer"
+  names = [n for n in gcs.object_names() if n.startswith("imported/")]
+  assert "imported/checkpoints/0/commit_success.txt" in names
+  assert "imported/config.json" in names
+  assert not [n for n in names if workdir_lib.STAGING_PREFIX in n]
+  text = ["Lists are mutable sequences."]
+  np.testing.assert_array_equal(api.load(workdir).embed(text),
+                                api.load(local).embed(text))
+  # Continuing it (configs/hf.py:<workdir>) reads the imported tokenizer
+  # from the bucket: it was refused as "not the imported tokenizer directory".
+  from bertjax.data import tokenizer_fit
+  tok = tokenizer_fit.tokenizer_for(report.config, None, "unused", [], None, "")
+  assert tok.vocab_size == report.config.vocab_size
+  assert tok.encode_batch(text)[0].tolist() == report.tokenizer.encode_batch(text)[0].tolist()
+
+
+def test_a_missing_bucket_is_refused_before_any_work(gcs, demo_config, tmp_path,
+                                                     monkeypatch):
+  # A mistyped bucket surfaced as gcsfs's FileNotFoundError traceback, for
+  # --workdir only at the first upload, after the data was prepared.
+  from bertjax.convert import workdir as workdir_lib
+  from bertjax.data import builders
+  from bertjax.data import layout
+  from bertjax.finetune import loop
+  from bertjax import config_files
+  monkeypatch.chdir(tmp_path)
+  missing = "gs://no-such-bucket-xyz"
+  with pytest.raises(ValueError, match=r"^--workdir=gs://no-such-bucket-xyz/run lies in "
+                     r"the bucket gs://no-such-bucket-xyz, which does not exist; create it"):
+    layout.check_directories(demo_config, f"{missing}/run")
+  config = demo_config.copy_and_resolve_references()
+  config.data_dir = f"{missing}/data"
+  with pytest.raises(ValueError, match=r"^--config.data_dir=.* does not exist"):
+    layout.check_directories(config, f"gs://{gcs.bucket}/run")
+  with pytest.raises(ValueError, match=r"^--workdir=.* does not exist"):
+    loop.run(config_files.shipped("finetune").get_config("coherence"),
+             str(tmp_path / "no-init"), f"{missing}/ft")
+  with pytest.raises(ValueError, match=r"^--to_hf=.* does not exist"):
+    workdir_lib.export_hf(str(tmp_path), f"{missing}/hf")
+  # A glob in a missing bucket matches nothing, as a local one would.
+  assert builders.resolve_text_files(f"{missing}/text/*.txt") == []
+  # An empty bucket exists.
+  layout.check_directories(demo_config, f"gs://{gcs.bucket}/new-run")
+  assert os.listdir(tmp_path) == []
+
+
+def test_verify_and_repair_of_a_gs_data_dir_check_the_bucket(gcs, demo_config, tmp_path):
+  # --verify looked for shards on local disk only: for a gs:// data_dir it
+  # said "No prepared shards", and --repair repaired nothing, though the
+  # damaged-shard message sends users there.
+  import corpus_files
+  from etils import epath
+  from bertjax import paths
+  from bertjax.data import prepare
+  from bertjax.data import shards
+  local_text = tmp_path / "text"
+  local_text.mkdir()
+  corpus_files.write_topic_files(local_text)
+  config = _text_config(demo_config, f"{local_text}/[a-c]*.txt", prepare_workers=1)
+  data_dir = f"gs://{gcs.bucket}/verified"
+  prepare.prepare(config, data_dir)
+  reports = shards.verify(data_dir)
+  assert len(reports) >= 4 and not [r for r in reports if r.problem]
+  assert all(r.shard.path.startswith(f"{data_dir}/") and r.checksum for r in reports)
+  # A flipped byte in the bucket's copy, the mirror's copy intact.
+  target = next(r.shard for r in reports if r.shard.dataset_dir.endswith(
+      "bertjax_tokenized/bertjax_local_text/1.0.0") and r.shard.split == "train")
+  data = bytearray(epath.Path(target.path).read_bytes())
+  data[len(data) // 2] ^= 0xFF
+  epath.Path(target.path).write_bytes(bytes(data))
+  damaged = [r for r in shards.verify(data_dir) if r.problem]
+  assert [r.shard.path for r in damaged] == [target.path]
+  assert "sha256 differs" in damaged[0].problem
+  assert shards.remove_damaged(damaged) == [target.dataset_dir]
+  assert not epath.Path(target.dataset_dir).exists()
+  assert not os.path.exists(damaged[0].mirror_dataset_dir)
+  # Prepared again (as --repair does), the bucket verifies whole.
+  prepare.prepare(config, data_dir)
+  assert not [r for r in shards.verify(data_dir) if r.problem]
+  assert paths.exists(target.path)
+  # A refusal names the bucket the user gave, not this machine's mirror.
+  other = _text_config(demo_config, f"{local_text}/[d-f]*.txt", prepare_workers=1)
+  with pytest.raises(ValueError, match="built from other text files") as info:
+    prepare.prepare(other, data_dir)
+  assert f"{data_dir}/bertjax_local_text/files" in str(info.value)
+  assert paths.local_mirror(data_dir) not in str(info.value)
+
+
+def test_prepare_binary_names_the_bucket_it_prepared_into(gcs, tmp_path):
+  # It printed only the local mirror's paths, as if the data had stayed on
+  # this machine.
+  import corpus_files
+  from etils import epath
+  local_text = tmp_path / "text"
+  local_text.mkdir()
+  corpus_files.write_topic_files(local_text)
+  bucket = f"gs://{gcs.bucket}"
+  for name in sorted(os.listdir(local_text))[:12]:
+    epath.Path(f"{bucket}/cli-text/{name}").write_bytes((local_text / name).read_bytes())
+  cwd = tmp_path / "elsewhere"
+  cwd.mkdir()
+  out = subprocess.run(
+      [sys.executable, "-m", "bertjax.prepare", "--config=bert.py:tiny",
+       f"--workdir={bucket}/cli", "--config.dataset=bertjax_local_text",
+       f"--config.text_files={bucket}/cli-text/*.txt", "--config.vocab_size=500",
+       "--config.tokenizer_sample_sentences=1000", "--config.prepare_workers=1"],
+      cwd=cwd, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  lines = out.stdout.splitlines()
+  assert lines[0].startswith(f"Prepared bertjax_local_text in {bucket}/cli/data (local "
+                             "mirror "), lines
+  assert lines[1].startswith(
+      f"  tokenizer: {bucket}/cli/data/tokenizers/bertjax_local_text.model ("), lines
+  assert "cli/data/tokenizers/bertjax_local_text.model" in gcs.object_names()
+  assert os.listdir(cwd) == []

@@ -21,13 +21,13 @@ TRAIN = ["python3", "-m", "bertjax.main", "--distributed",
          "--config.mesh_shape=1,-1,1"]
 
 
-def _launch(*flags, cwd):
+def _launch(*flags, cwd, extra=("--config.mesh_shape=1,-1,1",), path=None):
   """Runs python -m launch.tpu from another directory, as a user would."""
-  env = {**os.environ, "PYTHONPATH": ROOT}
+  env = {**os.environ, "PYTHONPATH": ROOT, "PATH": path or os.environ["PATH"]}
   return subprocess.run(
       [sys.executable, "-m", "launch.tpu", "--repo=https://example.com/bertjax.git",
        f"--rev={REV}", "--config=configs/bert.py:large", f"--workdir={WORKDIR}",
-       "--name=pod-a", "--zone=us-east5-a", *flags, "--", "--config.mesh_shape=1,-1,1"],
+       "--name=pod-a", "--zone=us-east5-a", *flags, "--", *extra],
       capture_output=True, text=True, env=env, cwd=cwd, timeout=60)
 
 
@@ -115,9 +115,22 @@ def test_on_demand_has_no_spot_flag(tmp_path):
     (["--accelerator_type=v7-8"], ["not a Cloud TPU type"]),
     (["--accelerator_type=v5p-8", "--config=/home/me/my.py"], ["inside"]),
     (["--accelerator_type=v5p-8", "--name=Pod_A"], ["lowercase"]),
+    (["--accelerator_type=v5e-16"], ["spells it v5litepod-16"]),
+    (["--accelerator_type=v5p-12"], ["whole hosts of 4", "6 chips"]),
+    # The config as the workers would load it, checked against the slice.
+    (["--accelerator_type=v5p-128", "--", "--config.batch_size=96"],
+     ["batch_size=96", "64 data-parallel chips", "--config.batch_size=64"]),
+    (["--accelerator_type=v5p-128", "--", "--config.mesh_shape=1,8,1"],
+     ["64 chips of a v5p-128", "mesh_shape='1,8,1'"]),
+    (["--accelerator_type=v5p-8", "--", "--config.bach_size=8"],
+     ["did you mean --config.batch_size"]),
+    (["--accelerator_type=v5p-8", "--", "--config.batch_size=many"], ["many"]),
+    (["--accelerator_type=v5p-8", "--config=configs/bert.py:huge"], ["'huge'"]),
 ])
 def test_bad_input_is_refused_before_anything_runs(tmp_path, flags, words):
-  proc = _launch(*flags, "--dry_run", cwd=tmp_path)
+  flags, extra = (flags[:flags.index("--")], flags[flags.index("--") + 1:]) if (
+      "--" in flags) else (flags, [])
+  proc = _launch(*flags, "--dry_run", cwd=tmp_path, extra=extra)
   assert proc.returncode == 2
   assert proc.stdout == ""  # not one command printed
   message = proc.stderr.strip()
@@ -135,6 +148,32 @@ def test_only_config_overrides_pass_through(tmp_path):
       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
   assert proc.returncode == 2 and "--config.FIELD" in proc.stderr
   assert proc.stdout == ""
+
+
+def test_no_gcloud_is_one_sentence_before_anything_runs(tmp_path):
+  # PATH with Python alone: neither gcloud nor git.
+  proc = _launch("--accelerator_type=v5p-8", cwd=tmp_path,
+                 path=os.path.dirname(sys.executable))
+  assert proc.returncode == 2, proc.stderr
+  message = proc.stderr.strip()
+  assert message.startswith("error: The gcloud CLI is not on PATH") and "\n" not in message
+  assert "--dry_run" in message and proc.stdout == ""
+
+
+def test_config_the_commit_lacks_is_refused(tmp_path):
+  head = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True,
+                        text=True, check=True).stdout.strip()
+  def launch(config):
+    return _launch("--accelerator_type=v5p-8", "--dry_run", f"--rev={head}",
+                   f"--config={config}", cwd=tmp_path, extra=())
+  # An untracked copy of a config passes `git status --untracked-files=no`,
+  # but the workers' clone would not have it.
+  proc = launch("configs/my_bert_copy.py:large")
+  assert proc.returncode == 2 and proc.stdout == ""
+  assert "configs/my_bert_copy.py is not in commit" in proc.stderr
+  for shipped in ("configs/bert.py:large", "bert:large", "bert.py:large"):
+    proc = launch(shipped)
+    assert proc.returncode == 0, (shipped, proc.stderr)
 
 
 def test_host_counts_and_topologies():
@@ -295,6 +334,13 @@ def test_gke_manifest_runs_the_same_command(tmp_path, accelerator, hosts, topolo
   ssh = _commands(dry.stdout)[2]
   assert container["command"] == ["bash", "-c", _worker_script(ssh)]
   assert _train_commands(container["command"][2]) == [TRAIN, TRAIN]
+
+
+def test_running_the_gke_module_points_to_the_launcher():
+  proc = subprocess.run([sys.executable, "-m", "launch.gke"], cwd=ROOT,
+                        capture_output=True, text=True, timeout=60)
+  assert proc.returncode == 1 and proc.stdout == ""
+  assert "python -m launch.tpu --gke_manifest" in proc.stderr
 
 
 def test_gke_refuses_what_it_does_not_offer():

@@ -30,6 +30,29 @@ def run(name, tmp_path, **env):
   return runner.execute(read(name), {"BERTJAX_NOTEBOOK_SMOKE": "1", **env}, cwd=str(cwd))
 
 
+def run_cells(name, indices, tmp_path, **env):
+  """Runs the code cells ``indices`` of a notebook, in that order (repeats
+  allowed; a string is a cell of the user's own), in one kernel, as a user
+  re-running cells would; returns the stream text each run printed."""
+  import nbclient
+  nb = read(name)
+  cwd = tmp_path / f"cells-{name}"
+  cwd.mkdir(exist_ok=True)
+  client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
+                                   resources={"metadata": {"path": str(cwd)}})
+  printed = []
+  with client.setup_kernel(env=runner.kernel_env({"BERTJAX_NOTEBOOK_SMOKE": "1", **env})):
+    for index in indices:
+      if isinstance(index, str):  # the user's own cell
+        cell, index = nbformat.v4.new_code_cell(index), len(nb.cells) - 1
+      else:
+        cell = nbformat.from_dict(dict(nb.cells[index], outputs=[]))
+      client.execute_cell(cell, index)
+      printed.append("".join(o.get("text", "") for o in cell.outputs
+                             if o.output_type == "stream"))
+  return printed
+
+
 def text_of(nb):
   return "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
                  for o in c.outputs if o.output_type == "stream")
@@ -104,6 +127,33 @@ def test_checkpoint_eval_compares_two_steps(quickstart, tmp_path, demo_data):
   assert "largest difference from the workdir: 0.0" in out
 
 
+def test_quickstart_config_cell_run_again_keeps_the_workdir(tmp_path):
+  # Cell 4 picks the workdir; a second run of it must not start a new run
+  # in a new temporary directory (the next cell would train from scratch).
+  config_cell = [i for i, c in enumerate(read("quickstart.ipynb").cells)
+                 if "mkdtemp" in c.source][0]
+  _, first, second = run_cells("quickstart.ipynb", [2, config_cell, config_cell], tmp_path)
+  assert first.split()[0] == second.split()[0]
+  assert os.path.isdir(first.split()[0])
+
+
+def test_checkpoint_eval_with_a_users_hf_directory(quickstart, tmp_path, demo_data):
+  # A user's HF directory under /tmp is not the workdir's own export: the
+  # notebook loads it without comparing it with the workdir's embeddings.
+  from bertjax.convert import workdir as convert_workdir
+  _, workdir = quickstart
+  hf_dir = tmp_path / "my-hf-model"
+  convert_workdir.export_hf(str(workdir), str(hf_dir))
+  cells = [i for i, c in enumerate(read("checkpoint_eval.ipynb").cells)
+           if c.cell_type == "code" and "evaluate_checkpoint" not in c.source]
+  printed = run_cells("checkpoint_eval.ipynb", cells, tmp_path,
+                      BERTJAX_NOTEBOOK_WORKDIR=str(workdir),
+                      BERTJAX_NOTEBOOK_DATA_DIR=demo_data.data_dir,
+                      BERTJAX_NOTEBOOK_HF_DIR=str(hf_dir))
+  assert "config.json" in printed[-1]
+  assert "largest difference" not in printed[-1]
+
+
 def test_masking_explorer_draws_and_measures(tmp_path, demo_data):
   figures = tmp_path / "figures"
   figures.mkdir()
@@ -124,6 +174,18 @@ def test_masking_explorer_draws_and_measures(tmp_path, demo_data):
   assert stats["sbo_slots"] > 0 and stats["sbo_bad_slots"] == 0
   # The XLNet and UniLM cell asserts its matrices against their definitions.
   assert "xlnet: drawn" in out and "unilm: drawn" in out
+
+
+def test_masking_explorer_cell_run_again_draws_its_strip_once(tmp_path, demo_data):
+  cells = read("masking_explorer.ipynb").cells
+  electra = [i for i, c in enumerate(cells) if "untrained generator" in c.source
+             and c.cell_type == "code"][0]
+  code = [i for i, c in enumerate(cells) if c.cell_type == "code" and i <= electra]
+  printed = run_cells("masking_explorer.ipynb",
+                      code + [electra, "print(json.dumps([s['title'] for s in strips]))"],
+                      tmp_path, BERTJAX_NOTEBOOK_DATA_DIR=demo_data.data_dir)
+  titles = json.loads(printed[-1])
+  assert len(titles) == len(set(titles)) and titles[-1].startswith("ELECTRA")
 
 
 def test_a_failing_cell_fails_the_run(tmp_path):

@@ -311,3 +311,62 @@ def test_checkpoint_of_8_devices_loads_in_a_one_device_process(reference):
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert proc.stdout.strip().startswith("(1, ")
+
+
+def _popen_as_from_a_terminal(*args, **kwargs):
+  """Popen with SIGINT not ignored: a test run as a shell's background job
+  starts with it ignored, which a child inherits; a terminal's has it."""
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    return subprocess.Popen(*args, **kwargs)
+  finally:
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_saves_the_current_step_and_exits_130_in_one_line(
+    tmp_path, demo_config, demo_data):
+  # Ctrl-C ended the run with a page of KeyboardInterrupt traceback and lost
+  # the steps since the last checkpoint; and a stop (SIGTERM alike) never
+  # logged the row of the step it saved.
+  from bertjax import workdir_lock
+  config = run_config(demo_config, demo_data, num_train_steps=400,
+                      checkpoint_every_steps=1000)
+  workdir = str(tmp_path)
+  proc = _popen_as_from_a_terminal(cli_args(config, workdir), cwd=ROOT,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True)
+  metrics = os.path.join(workdir, "metrics.jsonl")
+  wait_for(lambda: os.path.exists(metrics) and len(open(metrics).readlines()) >= 3,
+           proc)
+  proc.send_signal(signal.SIGINT)
+  out, err = proc.communicate(timeout=120)
+  assert proc.returncode == guards.EXIT_INTERRUPTED, err[-3000:]
+  steps = checkpointing.Checkpointer(workdir).all_steps()
+  assert len(steps) == 1 and 3 <= steps[0] < 400  # saved where it stopped
+  assert out.splitlines()[-1] == (
+      f"Interrupted (Ctrl-C) at step {steps[0]}; a checkpoint of that step was "
+      "saved, run the same command again to resume.")
+  assert "Traceback" not in err
+  rows = [r["step"] for r in read_metrics(workdir) if "loss" in r]
+  assert rows == list(range(1, steps[0] + 1))
+  with workdir_lock.WorkdirLock(workdir):  # free for the rerun
+    pass
+
+
+def test_ctrl_c_outside_the_train_loop_is_one_line(tmp_path):
+  # Here during prepare: stops at once, with one line instead of the
+  # traceback of wherever the main thread was (worker processes say nothing).
+  log = tmp_path / "stderr"
+  with open(log, "w") as err:
+    proc = _popen_as_from_a_terminal(
+        [sys.executable, "-m", "bertjax.prepare", "--config=configs/bert.py:tiny",
+         f"--workdir={tmp_path / 'work'}"], cwd=ROOT, stdout=subprocess.DEVNULL,
+        stderr=err)
+    wait_for(lambda: "prepare.py" in log.read_text(), proc, timeout=120)
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=60)
+  text = log.read_text()
+  assert proc.returncode == -signal.SIGINT, text[-3000:]
+  assert "Traceback" not in text
+  assert text.splitlines()[-1] == ("error: interrupted (Ctrl-C); run the same command "
+                                   "again to go on from what was saved.")

@@ -110,6 +110,21 @@ def test_rerun_trains_and_fine_tunes_nothing(study, monkeypatch):
   with pytest.raises(ValueError, match="another plan"):
     core.run(configs, 2 * budget, workdir, points=POINTS, spacing="linear",
              tasks=["coherence"], finetune_overrides=FINETUNE, finetune_epochs=1.0)
+  # So is another --set that leaves the steps alone: its figures would be
+  # the old learning rate's.
+  changed = {name: core.apply_overrides(c.copy_and_resolve_references(),
+                                        ["learning_rate=0.5"])
+             for name, c in configs.items()}
+  with pytest.raises(ValueError, match=r"another plan: its pretraining config \(--size or "):
+    core.run(changed, budget, workdir, points=POINTS, spacing="linear",
+             tasks=["coherence"], finetune_overrides=FINETUNE, finetune_epochs=1.0)
+  # A cadence field is not a change of plan.
+  cadence = {name: core.apply_overrides(c.copy_and_resolve_references(),
+                                        ["log_every_steps=7"])
+             for name, c in configs.items()}
+  assert core.run(cadence, budget, workdir, points=POINTS, spacing="linear",
+                  tasks=["coherence"], finetune_overrides=FINETUNE,
+                  finetune_epochs=1.0) == record
 
 
 def test_budget_points_and_steps():
@@ -134,6 +149,17 @@ def test_bad_input_is_refused_before_training(demo_data, tmp_path):
     core.load_configs(["bert"], "tiny", ["seq_len=long"])
   with pytest.raises(ValueError, match="No config file"):
     core.load_configs(["bret"], "tiny")
+  with pytest.raises(ValueError, match="twice"):
+    core.load_configs(["bert", "configs/bert.py"], "tiny")
+  # A field some objectives lack: one sentence naming who has it and who not.
+  with pytest.raises(ValueError, match=r"^--set=sbo_max_offset=20 names a field of "
+                     r"spanbert that bert has not, .* study of their own"):
+    core.load_configs(["bert", "spanbert"], "tiny", ["sbo_max_offset=20"])
+  # Tuple fields take comma-separated values of their items' type.
+  unilm = core.load_configs(["unilm"], "tiny", ["unilm_mask_rates=0.5,0.5,0,0"])["unilm"]
+  assert unilm.unilm_mask_rates == (0.5, 0.5, 0.0, 0.0)
+  with pytest.raises(ValueError, match="comma-separated floats"):
+    core.load_configs(["unilm"], "tiny", ["unilm_mask_rates=half,half,0,0"])
   with pytest.raises(ValueError, match="doc_stride 32 must be between 1 and the 12"):
     core.run({"bert": configs["bert"]}, 4 * per_step, str(tmp_path / "a"), points=2,
              tasks=["cloze_qa"], finetune_overrides=["seq_len=64", "max_query_tokens=48"])

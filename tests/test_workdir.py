@@ -133,3 +133,156 @@ def test_quiet_read_only_keeps_real_warnings(caplog):
       "Checkpoint step 7 is missing a file."]
   absl_logging.warning("Given directory is read only=%s", "/elsewhere")
   assert len(caplog.records) == 2  # hidden only inside the scope
+
+
+@pytest.fixture
+def open_dir():
+  """A directory everyone may enter and write (pytest's own are the owner's
+  only), for runs made as the user nobody."""
+  import shutil
+  import tempfile
+  path = tempfile.mkdtemp(prefix="bertjax-perm-")
+  os.chmod(path, 0o777)
+  yield path
+  for root, dirs, _ in os.walk(path):  # what a test made read-only, too
+    for name in dirs:
+      os.chmod(os.path.join(root, name), 0o777)
+  shutil.rmtree(path)
+
+
+@contextlib.contextmanager
+def as_nobody():
+  """Runs the block with nobody's effective uid where the tests run as root
+  (whose permission checks would pass)."""
+  root = os.geteuid() == 0
+  if root:
+    os.seteuid(65534)
+  try:
+    yield
+  finally:
+    if root:
+      os.seteuid(0)
+
+
+def _tree(root):
+  return sorted((os.path.relpath(os.path.join(r, n), root),
+                 os.stat(os.path.join(r, n)).st_size, os.stat(os.path.join(r, n)).st_mode)
+                for r, dirs, files in os.walk(root) for n in dirs + files)
+
+
+@pytest.mark.parametrize("read_only", ["checkpoints", "checkpoints/0", "metrics.jsonl",
+                                       ".bertjax.lock"])
+def test_read_only_entry_of_a_workdir_is_refused_before_device_work(
+    read_only, saved_workdir, open_dir, demo_config, demo_data, no_device_work):
+  # A read-only checkpoints/ let the run train on until its first checkpoint,
+  # then fail with orbax's TimeoutError traceback after a minute's wait.
+  import shutil
+  workdir = os.path.join(open_dir, "work")
+  shutil.copytree(saved_workdir, workdir)
+  for name in ("metrics.jsonl", ".bertjax.lock"):
+    with open(os.path.join(workdir, name), "w") as f:
+      f.write('{"step": 0}\n')
+  os.chmod(workdir, 0o777)
+  for root, dirs, files in os.walk(workdir):
+    for name in dirs + files:
+      os.chmod(os.path.join(root, name), 0o777)
+  os.chmod(os.path.join(workdir, read_only), 0o555)
+  before = _tree(workdir)
+  with as_nobody():
+    with pytest.raises(ValueError, match=(
+        rf"^Cannot write to the workdir {workdir}: {workdir}/{read_only} is read-only "
+        rf"\(permission denied\); make it writable \(chmod -R u\+w .*\) or pass "
+        r"another --workdir\.$")):
+      train.train_and_evaluate(tiny(demo_config, demo_data, num_train_steps=2), workdir)
+  assert _tree(workdir) == before
+
+
+def test_finetune_prepare_convert_and_study_refuse_a_read_only_parent(
+    open_dir, demo_config, saved_workdir):
+  # Each ended in a PermissionError traceback from os.makedirs, finetune only
+  # after reading its init and building the task's features.
+  from bertjax import config_files
+  from bertjax.convert import workdir as workdir_lib
+  from bertjax.data import prepare
+  from bertjax.finetune import loop
+  from bertjax.study import core
+  parent = os.path.join(open_dir, "ro")
+  os.mkdir(parent, 0o555)
+  os.chmod(parent, 0o555)
+  denied = (r"\(permission denied: .*/ro, where it would be created, is read-only\); "
+            r"make it writable or pass another ")
+  with as_nobody():
+    with pytest.raises(ValueError, match=r"^Cannot write to the workdir .*/ro/ft " + denied):
+      loop.run(config_files.shipped("finetune").get_config("coherence"),
+               os.path.join(open_dir, "no-init"), os.path.join(parent, "ft"))
+    with pytest.raises(ValueError, match=r"^Cannot write to the data_dir .*/ro/data "
+                       r"\(permission denied: .*/ro is read-only and prepare has to "
+                       r"create .*/ro/data/tokenizers under it\)"):
+      prepare.prepare(demo_config, os.path.join(parent, "data"))
+    with pytest.raises(ValueError, match=r"^Cannot write to the export directory .*/ro/hf " + denied
+                       + "--to_hf"):
+      workdir_lib.export_hf(saved_workdir, os.path.join(parent, "hf"))
+    with pytest.raises(ValueError, match=r"^Cannot write to the workdir .*/ro/imp " + denied):
+      workdir_lib.import_hf(os.path.join(open_dir, "no-hf"), os.path.join(parent, "imp"),
+                            demo_config)
+    with pytest.raises(ValueError, match=r"^Cannot write to the study.s workdir .*/ro/study " + denied):
+      core.run([demo_config], 1e10, os.path.join(parent, "study"), tasks=())
+  assert os.listdir(parent) == []
+
+
+def test_evaluate_prints_but_does_not_write_into_a_read_only_workdir(
+    saved_workdir, demo_config, demo_data, monkeypatch, caplog):
+  # It evaluated, then died with a PermissionError traceback writing
+  # eval_<step>.json.
+  from bertjax import evaluation
+  from bertjax import paths
+  monkeypatch.setattr(paths, "unwritable", lambda p: p)  # as a read-only workdir is
+  caplog.set_level(logging.WARNING)
+  before = sorted(os.listdir(saved_workdir))
+  record = evaluation.evaluate_checkpoint(tiny(demo_config, demo_data), saved_workdir)
+  assert record["step"] == 0 and record["num_predictions"] > 0
+  assert sorted(os.listdir(saved_workdir)) == before
+  assert any("is read-only, so this evaluation is printed but not written to "
+             "eval_0.json" in r.getMessage() for r in caplog.records)
+
+
+def test_an_unreadable_text_file_is_refused_before_prepare_starts(open_dir, demo_config):
+  # A worker met it mid-prepare: a PermissionError traceback.
+  from bertjax.data import prepare
+  for name in ("a.txt", "b.txt"):
+    with open(os.path.join(open_dir, name), "w") as f:
+      f.write("Some text to read. And more of it.\n")
+  os.chmod(os.path.join(open_dir, "b.txt"), 0)
+  config = demo_config.copy_and_resolve_references()
+  config.dataset = "bertjax_local_text"
+  config.text_files = os.path.join(open_dir, "*.txt")
+  data_dir = os.path.join(open_dir, "data")
+  with as_nobody():
+    with pytest.raises(ValueError, match=(
+        rf"^Cannot read {open_dir}/b.txt \(permission denied\), one of "
+        r"--config.text_files; make it readable or leave it out")):
+      prepare.prepare(config, data_dir)
+  assert not os.path.exists(os.path.join(data_dir, "bertjax_local_text"))
+
+
+def test_repair_of_a_read_only_data_dir_is_refused_and_removes_nothing(open_dir):
+  # shutil.rmtree met the read-only directory: a PermissionError traceback,
+  # possibly after removing part of a dataset.
+  from bertjax.data import shards
+  parent = os.path.join(open_dir, "data", "bertjax_tokenized")
+  dataset = os.path.join(parent, "1.0.0")
+  os.makedirs(dataset)
+  with open(os.path.join(dataset, "shard"), "w") as f:
+    f.write("x")
+  os.chmod(parent, 0o555)
+  report = shards.Report(shards.Shard(dataset, "train", os.path.join(dataset, "shard"), 1),
+                         "sha256 differs from what prepare recorded", True)
+  try:
+    with as_nobody():
+      with pytest.raises(ValueError, match=(
+          rf"^Cannot remove the damaged dataset {dataset}: {parent} is read-only "
+          r"\(permission denied\); make the data_dir writable")):
+        shards.remove_damaged([report])
+  finally:
+    os.chmod(parent, 0o755)
+  assert os.listdir(dataset) == ["shard"]

@@ -55,6 +55,8 @@ def main(argv):
   if bool(_FROM_HF.value) == bool(_TO_HF.value):
     raise ValueError("Pass exactly one of --from_hf=DIR (import) or --to_hf=DIR (export).")
   paths.require_directory(_WORKDIR.value, "--workdir")
+  if _FROM_HF.value:  # an export reads the workdir: a missing one is said below
+    paths.require_bucket(_WORKDIR.value, "--workdir")
   from bertjax import convert
   from bertjax.convert import hf_files
   from bertjax.convert import workdir as workdir_lib

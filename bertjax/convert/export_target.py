@@ -74,6 +74,8 @@ def check(out_dir: str, workdir: str, overwrite: bool) -> list[str]:
     The earlier export's files to remove before writing (empty if none).
   """
   paths.require_directory(out_dir, "--to_hf")
+  paths.require_bucket(out_dir, "--to_hf")
+  paths.require_writable(out_dir, "--to_hf", "the export directory")
   target = paths.path(out_dir)
   if paths.absolute(out_dir) == paths.absolute(workdir):
     raise ValueError(

@@ -167,7 +167,9 @@ def _move_into_place(stage: epath.Path, workdir: epath.Path) -> None:
       replaced.mkdir(exist_ok=True)
       target.rename(replaced / entry.name)
     entry.rename(target)
-  stage.rmtree()
+  # On an object store the moves leave no object under ``stage``: no prefix
+  # is left to remove.
+  stage.rmtree(missing_ok=True)
 
 
 def import_hf(hf_dir: str, workdir: str, base_config) -> ImportReport:
@@ -193,6 +195,7 @@ def import_hf(hf_dir: str, workdir: str, base_config) -> ImportReport:
   from bertjax import state as state_lib
 
   paths.require_directory(workdir, "--workdir")
+  paths.require_writable(workdir, "--workdir", "the workdir")
   workdir = _absolute(workdir)
   checkpoints = workdir / "checkpoints"
   if checkpoints.is_dir() and any(checkpoints.iterdir()):

@@ -120,7 +120,8 @@ LOCAL_TEXT_CONFIGS = ("files", "paragraphs")
 
 
 def resolve_text_files(text_files: str) -> list[str]:
-  """Expands comma-separated paths, globs and directories into sorted unique files."""
+  """Expands comma-separated paths, globs and directories into sorted unique
+  files; refuses, in one sentence, a local one that cannot be read."""
   out = []
   for pattern in (p.strip() for p in text_files.split(",")):
     if not pattern:
@@ -135,7 +136,21 @@ def resolve_text_files(text_files: str) -> list[str]:
             os.path.join(root, f) for root, _, files in os.walk(match) for f in files))
       else:
         out.append(match)
-  return list(dict.fromkeys(out))
+  files = list(dict.fromkeys(out))
+  _require_readable(files)
+  return files
+
+
+def _require_readable(files: Sequence[str]) -> None:
+  """Raises ValueError naming the first local file of ``files`` that this
+  process may not read (a worker would fail on it mid-prepare)."""
+  effective = os.access in os.supports_effective_ids
+  for path in files:
+    if not paths.is_remote(path) and not os.access(path, os.R_OK,
+                                                   effective_ids=effective):
+      raise ValueError(
+          f"Cannot read {path} (permission denied), one of --config.text_files; "
+          "make it readable or leave it out of --config.text_files.")
 
 
 def _resolve_remote(pattern: str) -> list[str]:
@@ -154,8 +169,11 @@ def _resolve_remote(pattern: str) -> list[str]:
     raise ValueError(
         f"--config.text_files={pattern!r} uses '**', which object stores do not "
         f"support; name the directory instead (all files under it are read).")
-  return sorted(os.fspath(p) for p in base.glob("/".join(parts[first:]))
-                if not p.is_dir())
+  try:
+    return sorted(os.fspath(p) for p in base.glob("/".join(parts[first:]))
+                  if not p.is_dir())
+  except FileNotFoundError:  # no such bucket: no match, as for a local glob
+    return []
 
 
 def file_size(path: str) -> int:

@@ -63,9 +63,10 @@ def written_directories(config, data_dir: str) -> list[str]:
   return out
 
 
-def check_data_dir(config, data_dir: str) -> None:
+def check_data_dir(config, data_dir: str, *, writing: bool = True) -> None:
   """Raises a one-sentence ValueError when a file stands where ``data_dir``
-  or a directory prepare writes under it should be; writes nothing."""
+  or a directory prepare writes under it should be, or (``writing``: prepare
+  is about to run) when one it still has to create cannot be; writes nothing."""
   if config.get("data_dir"):
     paths.require_directory(data_dir, "--config.data_dir")
   else:
@@ -83,6 +84,18 @@ def check_data_dir(config, data_dir: str) -> None:
       raise ValueError(
           f"{blocker} is a file where prepare writes the directory {directory}; "
           f"move the file away or point --config.data_dir at a new directory.")
+  if not writing or paths.is_remote(data_dir):  # a bucket's rights: its first upload
+    return
+  # A prepared data_dir may be read-only (a shared corpus): only a directory
+  # prepare still has to create needs a writable parent.
+  flag = "--config.data_dir" if config.get("data_dir") else "--workdir"
+  for directory in written_directories(config, data_dir):
+    blocker = None if paths.exists(directory) else paths.unwritable(directory)
+    if blocker is not None:
+      raise ValueError(
+          f"Cannot write to the data_dir {data_dir} (permission denied: {blocker} "
+          f"is read-only and prepare has to create {directory} under it); make it "
+          f"writable or pass another {flag}.")
 
 
 def check_directories(config, workdir: str) -> None:
@@ -94,4 +107,5 @@ def check_directories(config, workdir: str) -> None:
   data_dir = resolve_data_dir(config, workdir)
   if config.get("data_dir"):
     paths.require_bucket(data_dir, "--config.data_dir")
-  check_data_dir(config, data_dir)
+  # Whether prepare can write is its own check (``--verify`` only reads).
+  check_data_dir(config, data_dir, writing=False)

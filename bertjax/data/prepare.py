@@ -279,7 +279,11 @@ def _prepare_mirrored(config, data_dir: str, spans,
     # the units a killed run finished there are not redone.
     bucket_units.resume(local, remote)
     engine = dataclasses.replace(engine, bucket=(local, remote))
-  prepared = _prepare(config, local, spans, engine)
+  try:
+    prepared = _prepare(config, local, spans, engine)
+  except ValueError as e:
+    # Name the bucket the user gave, not this machine's mirror of it.
+    raise ValueError(str(e).replace(local, remote)) from None
   if jax.process_index() == 0:
     start = time.time()
     sent = paths.push(local, remote)

@@ -41,6 +41,7 @@ from array_record.python import array_record_data_source
 import numpy as np
 import tensorflow_datasets as tfds
 
+from bertjax import paths
 from bertjax.data import tokenizer as tokenizer_lib
 
 MANIFEST = "bertjax_shards.json"
@@ -154,6 +155,9 @@ class Report:
   shard: Shard
   problem: str | None
   checksum: bool  # whether a recorded sha256 was compared
+  # For a gs:// data_dir (``shard`` then names the bucket's object): the
+  # dataset's directory in the local mirror, where it was decoded.
+  mirror_dataset_dir: str | None = None
 
 
 def own_dataset_dirs(data_dir: str) -> list[str]:
@@ -169,7 +173,11 @@ def own_dataset_dirs(data_dir: str) -> list[str]:
 
 
 def verify(data_dir: str) -> list[Report]:
-  """Checks every shard of every dataset prepare made under data_dir; writes nothing."""
+  """Checks every shard of every dataset prepare made under data_dir; writes
+  nothing there. A gs:// data_dir is checked in its local mirror (ArrayRecord
+  reads local files), refreshed from the bucket first."""
+  if paths.is_remote(data_dir):
+    return _verify_remote(data_dir)
   reports = []
   for dataset_dir in own_dataset_dirs(data_dir):
     manifest = read_manifest(dataset_dir)
@@ -189,16 +197,53 @@ def verify(data_dir: str) -> list[Report]:
   return reports
 
 
+def _verify_remote(data_dir: str) -> list[Report]:
+  """``verify`` of a gs:// data_dir: each shard decoded in the mirror (pulled
+  first: what it lacks or holds at another size) and the bucket's object
+  hashed against the manifest, so damage on either side is found."""
+  local, remote = paths.local_mirror(data_dir), paths.absolute(data_dir)
+  paths.pull(remote, local)
+  reports = []
+  for r in verify(local):
+    dataset_dir = paths.join(remote, os.path.relpath(r.shard.dataset_dir, local))
+    shard = dataclasses.replace(r.shard, dataset_dir=dataset_dir, path=paths.join(
+        dataset_dir, os.path.basename(r.shard.path)))
+    problem = r.problem
+    want = (read_manifest(r.shard.dataset_dir) or {}).get(
+        os.path.basename(r.shard.path), {}).get("sha256")
+    if problem is None and want and tokenizer_lib.file_fingerprint(shard.path) != want:
+      problem = "the bucket's copy: sha256 differs from what prepare recorded"
+    reports.append(Report(shard, problem, r.checksum, r.shard.dataset_dir))
+  return reports
+
+
 def remove_damaged(reports: Sequence[Report]) -> list[str]:
-  """Removes each dataset directory holding a damaged shard; returns them.
+  """Removes each dataset directory holding a damaged shard; returns them
+  (a gs:// data_dir's from the bucket, dataset markers first so that a
+  removal cut short never leaves a dataset that looks whole, and from the
+  mirror).
 
   Only datasets prepare makes are ever verified, so ``prepare`` makes the
   removed ones again, document for document.
   """
-  removed = sorted({r.shard.dataset_dir for r in reports if r.problem})
-  for dataset_dir in removed:
-    shutil.rmtree(dataset_dir)
-  return removed
+  damaged = {r.shard.dataset_dir: r.mirror_dataset_dir for r in reports if r.problem}
+  for dataset_dir in damaged:  # all or none: refused before any is removed
+    blocker = paths.unwritable(os.path.dirname(dataset_dir)) or paths.unwritable(
+        dataset_dir)
+    if blocker is not None:
+      raise ValueError(
+          f"Cannot remove the damaged dataset {dataset_dir}: {blocker} is read-only "
+          "(permission denied); make the data_dir writable, or point "
+          "--config.data_dir at a new directory to prepare it there.")
+  for dataset_dir, mirror in sorted(damaged.items()):
+    if mirror is None:
+      shutil.rmtree(dataset_dir)
+      continue
+    for marker in paths.MARKERS:
+      paths.path(dataset_dir, marker).unlink(missing_ok=True)
+    paths.path(dataset_dir).rmtree(missing_ok=True)
+    shutil.rmtree(mirror, ignore_errors=True)
+  return sorted(damaged)
 
 
 class CheckedSource:

@@ -20,6 +20,7 @@ from absl import logging
 from array_record.python import array_record_data_source
 import numpy as np
 
+from bertjax import paths
 from bertjax.data import staged
 from bertjax.data import text_sources
 from bertjax.data import tokenizer as tokenizer_lib
@@ -141,7 +142,7 @@ def tokenizer_for(config, data_dir: str, key: str,
   """
   if config.tokenizer == "hf":
     path = config.get("tokenizer_path") or ""
-    if not os.path.isdir(path):
+    if not path or not paths.isdir(path):  # a gs:// import's too
       raise ValueError(
           f"config.tokenizer='hf' needs the imported tokenizer directory, but "
           f"config.tokenizer_path={path!r} is not one; point --config.tokenizer_path "

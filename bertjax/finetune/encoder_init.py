@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from typing import Any
 
 import jax
 import numpy as np
-from etils import epath
 
 from bertjax import checkpointing
+from bertjax import paths
 
 
 def load_init(init: str) -> tuple[dict[str, Any], Any, Any]:
@@ -47,11 +46,11 @@ def load(init: str) -> tuple[dict[str, Any], Any, Any, int | None]:
   if not init:
     raise ValueError("No --init; pass a bertjax workdir or a Hugging Face model "
                      "directory to fine-tune.")
-  path = os.path.abspath(init)
-  if os.path.exists(path) and not os.path.isdir(path):
+  path = paths.absolute(init)
+  if paths.exists(path) and not paths.isdir(path):
     raise ValueError(f"--init={init} is a file, not a directory; pass a bertjax workdir "
                      "or a Hugging Face model directory.")
-  if os.path.isdir(os.path.join(path, "checkpoints")):
+  if paths.isdir(paths.join(path, "checkpoints")):
     with checkpointing.quiet_read_only():
       fields, params, step = workdir_lib.load_params(path)
     return dict(fields), params, api._workdir_tokenizer(fields, path), step  # noqa: SLF001
@@ -95,7 +94,7 @@ def identify(init: str, fields: dict[str, Any], params: Any, step: int | None) -
     weights.update(f"{jax.tree_util.keystr(path)}{a.shape}{a.dtype}".encode())
     weights.update(sample.tobytes())
   config = json.dumps(fields, sort_keys=True, default=str).encode()
-  where = init if "://" in init else os.path.abspath(init)
+  where = paths.absolute(init)
   return {"init": where, "step": step, "config_sha256": hashlib.sha256(config).hexdigest(),
           "weights_sha256": weights.hexdigest()}
 
@@ -112,10 +111,10 @@ def check(workdir: str, record: dict[str, Any]) -> None:
   """
   if checkpointing.newest_saved_config(workdir) is None:
     return
-  path = epath.Path(workdir) / RECORD
-  if not path.exists():
+  path = paths.join(workdir, RECORD)
+  if not paths.exists(path):
     return
-  saved = json.loads(path.read_text(encoding="utf-8"))
+  saved = paths.read_json(path)
   same = all(saved.get(k) == record[k] for k in ("config_sha256", "weights_sha256"))
   if not same:
     raise ValueError(
@@ -129,8 +128,4 @@ def write(workdir: str, record: dict[str, Any]) -> None:
   """Records ``record`` for a fresh run (process 0; atomically)."""
   if jax.process_index() != 0:
     return
-  directory = epath.Path(workdir)
-  directory.mkdir(parents=True, exist_ok=True)
-  tmp = directory / (RECORD + ".tmp")
-  tmp.write_text(json.dumps(record, indent=1), encoding="utf-8")
-  tmp.replace(directory / RECORD)
+  paths.write_json(paths.join(workdir, RECORD), record, indent=1)

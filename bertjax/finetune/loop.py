@@ -53,6 +53,7 @@ from bertjax import paths
 from bertjax import sharding
 from bertjax import state as state_lib
 from bertjax import train
+from bertjax import workdir_lock
 from bertjax.finetune import encoder_init
 from bertjax.finetune import features as features_lib
 from bertjax.finetune import metrics as task_metrics
@@ -192,6 +193,8 @@ def _check_directories(config, workdir: str) -> None:
   if not workdir:
     raise ValueError("No --workdir; pass a directory for checkpoints and metrics.")
   paths.require_directory(workdir, "--workdir")
+  paths.require_bucket(workdir, "--workdir")
+  workdir_lock.check_writable(paths.absolute(workdir))
   if config.get("tfds_data_dir"):
     paths.require_directory(config.tfds_data_dir, "--config.tfds_data_dir")
 

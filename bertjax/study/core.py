@@ -78,9 +78,11 @@ class Plan:
   data_key: str
 
   def describe(self) -> dict[str, Any]:
-    """What a result must agree with to be reused."""
+    """What a result must agree with to be reused (``config_sha256``: every
+    field that can change its figures, e.g. a ``--set=learning_rate``)."""
     return {"config": self.name, "step_flops": self.step_flops, "budgets": self.budgets,
-            "steps": self.steps, "data_key": self.data_key}
+            "steps": self.steps, "data_key": self.data_key,
+            "config_sha256": config_digest(self.config)}
 
 
 def budget_points(budget: float, points: int, spacing: str = "log") -> list[float]:
@@ -110,6 +112,30 @@ def data_key(config) -> str:
   return f"{config.get('tokenizer')}-{config.get('vocab_size')}-{digest}"
 
 
+# Fields that change where or how often a run writes, not what it computes.
+_CADENCE_FIELDS = ("data_dir", "log_every_steps", "checkpoint_every_steps",
+                   "keep_checkpoints", "prepare_workers", "prepare_block_mb",
+                   "tokenizer_train_threads")
+
+
+def config_digest(config) -> str:
+  """sha256 of the config's fields, cadence and paths (``_CADENCE_FIELDS``) left out."""
+  fields = {k: v for k, v in config.to_dict().items() if k not in _CADENCE_FIELDS}
+  return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def plan_difference(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> str | None:
+  """The first entry of ``current`` (``Plan.describe``) that ``recorded`` does not
+  match, or None. A record made before the config digest existed is compared
+  without it."""
+  for key, value in current.items():
+    if key == "config_sha256" and key not in recorded:
+      continue
+    if recorded.get(key) != value:
+      return key
+  return None
+
+
 def parse_value(config, field: str, text: str):
   """``text`` as the type of ``config``'s ``field`` (dotted paths allowed).
 
@@ -126,6 +152,11 @@ def parse_value(config, field: str, text: str):
     node = node[part]
   current = node[field.split(".")[-1]]
   try:
+    if isinstance(current, (tuple, list)):
+      # Comma-separated, each item of the type of the default's items.
+      kind = type(current[0]) if current else str
+      kind = float if kind is int and "." in text else kind
+      return type(current)(kind(item.strip()) for item in text.split(","))
     if isinstance(current, bool):
       if text.lower() not in ("true", "false", "1", "0"):
         raise ValueError(text)
@@ -136,7 +167,11 @@ def parse_value(config, field: str, text: str):
       return float(text)
     return text
   except ValueError:
-    raise ValueError(f"{field}={text!r} is not of type {type(current).__name__}; fix the "
+    what = type(current).__name__
+    if isinstance(current, (tuple, list)) and current:
+      what = f"comma-separated {type(current[0]).__name__}s, e.g. " + ",".join(
+          str(v) for v in current)
+    raise ValueError(f"{field}={text!r} is not of type {what}; fix the "
                      "value given to --set/--finetune_set.") from None
 
 
@@ -162,14 +197,40 @@ def load_configs(names: Sequence[str], size: str,
   ``overrides`` applied."""
   if not names:
     raise ValueError("--configs is empty; name at least one, e.g. --configs=bert,roberta.")
-  out = {}
+  loaded = {}
   for name in names:
     path = name if name.endswith(".py") else f"configs/{name}.py"
     label = os.path.basename(path)[:-3]
-    if label in out:
+    if label in loaded:
       raise ValueError(f"--configs names {label!r} twice; name each objective once.")
-    out[label] = apply_overrides(config_files.load(f"{path}:{size}"), overrides)
-  return out
+    loaded[label] = config_files.load(f"{path}:{size}")
+  _check_shared_fields(loaded, overrides)
+  return {label: apply_overrides(config, overrides) for label, config in loaded.items()}
+
+
+def _check_shared_fields(configs: Mapping[str, ml_collections.ConfigDict],
+                         overrides: Sequence[str]) -> None:
+  """Refuses a ``--set`` field that some objectives have and others lack,
+  naming both (a field no objective has gets ``parse_value``'s suggestion)."""
+  for item in overrides:
+    field = item.partition("=")[0]
+    has = [label for label, c in configs.items() if _has_field(c, field)]
+    lacks = [label for label in configs if label not in has]
+    if has and lacks:
+      raise ValueError(
+          f"--set={item} names a field of {', '.join(has)} that "
+          f"{', '.join(lacks)} {'has' if len(lacks) == 1 else 'have'} not, and "
+          "--set changes every objective of --configs; run those objectives in "
+          "a study of their own, or give them a config file that sets it.")
+
+
+def _has_field(config, field: str) -> bool:
+  node = config
+  for part in field.split("."):
+    if not hasattr(node, "keys") or part not in node:
+      return False
+    node = node[part]
+  return True
 
 
 def plan(configs: Mapping[str, ml_collections.ConfigDict], budget: float, workdir: str,
@@ -295,11 +356,19 @@ def _load_result(p: Plan, path: str, finetuning: dict[str, Any]) -> dict[str, An
   """The recorded result of ``p``, or a fresh one; refuses another study's."""
   if paths.exists(path):
     result = paths.read_json(path)
-    if result.get("plan") != p.describe() or result.get("finetuning") != finetuning:
+    differs = plan_difference(result.get("plan") or {}, p.describe())
+    if differs == "config_sha256":
+      differs = "pretraining config (--size or --set)"
+    elif differs is None and result.get("finetuning") != finetuning:
+      differs = f"fine-tuning ({result.get('finetuning')} then, {finetuning} now)"
+    elif differs is not None:
+      differs = (f"{differs} ({(result.get('plan') or {}).get(differs)} then, "
+                 f"{p.describe()[differs]} now)")
+    if differs:
       raise ValueError(
-          f"{path} was recorded for another plan ({result.get('plan')}, fine-tuning "
-          f"{result.get('finetuning')}); use a new --workdir or the same --configs/"
-          "--flops/--points/--spacing/--set/--finetune_set/--finetune_epochs as before.")
+          f"{path} was recorded for another plan: its {differs} differs; use a new "
+          "--workdir or the same --configs/--size/--flops/--points/--spacing/--set/"
+          "--finetune_set/--finetune_epochs as before.")
     return result
   return {"plan": p.describe(), "finetuning": finetuning, "points": []}
 
@@ -325,6 +394,8 @@ def run(configs: Mapping[str, ml_collections.ConfigDict], budget: float, workdir
   from bertjax.study import report
   report.check_plotting()
   paths.require_directory(workdir, "--workdir")
+  paths.require_bucket(workdir, "--workdir")
+  paths.require_writable(workdir, "--workdir", "the study's workdir")
   root = paths.absolute(workdir)
   plans = plan(configs, budget, root, points=points, spacing=spacing)
   tasks = tuple(tasks)
