@@ -111,20 +111,27 @@ def test_sigkill_then_restart_is_bit_identical(tmp_path, reference, demo_config,
                       restore(ref_dir, STEPS, config, mesh))
 
 
+def _signal_mid_run(config, workdir, sig, popen):
+  """Starts ``bertjax.main`` with ``popen``, sends ``sig`` once three rows
+  are logged; (exit status, stdout, stderr, the checkpointed steps)."""
+  proc = popen(cli_args(config, workdir), cwd=ROOT, stdout=subprocess.PIPE,
+               stderr=subprocess.PIPE, text=True)
+  metrics = os.path.join(workdir, "metrics.jsonl")
+  wait_for(lambda: os.path.exists(metrics) and len(open(metrics).readlines()) >= 3,
+           proc)
+  proc.send_signal(sig)
+  out, err = proc.communicate(timeout=120)
+  return proc.returncode, out, err, checkpointing.Checkpointer(workdir).all_steps()
+
+
 def test_sigterm_saves_the_current_step_and_exits_75(tmp_path, reference,
                                                       demo_config, demo_data):
   config = run_config(demo_config, demo_data, num_train_steps=400,
                       checkpoint_every_steps=1000)
   workdir = str(tmp_path)
-  proc = subprocess.Popen(cli_args(config, workdir), cwd=ROOT,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-  metrics = os.path.join(workdir, "metrics.jsonl")
-  wait_for(lambda: os.path.exists(metrics) and len(open(metrics).readlines()) >= 3,
-           proc)
-  proc.send_signal(signal.SIGTERM)
-  out, err = proc.communicate(timeout=120)
-  assert proc.returncode == guards.EXIT_PREEMPTED, err[-3000:]
-  steps = checkpointing.Checkpointer(workdir).all_steps()
+  returncode, out, err, steps = _signal_mid_run(config, workdir, signal.SIGTERM,
+                                                subprocess.Popen)
+  assert returncode == guards.EXIT_PREEMPTED, err[-3000:]
   assert len(steps) == 1 and 3 <= steps[0] < 400  # saved where it stopped
   assert f"Preempted at step {steps[0]}" in out
   # The restart continues from that checkpoint.
@@ -332,16 +339,9 @@ def test_ctrl_c_saves_the_current_step_and_exits_130_in_one_line(
   config = run_config(demo_config, demo_data, num_train_steps=400,
                       checkpoint_every_steps=1000)
   workdir = str(tmp_path)
-  proc = _popen_as_from_a_terminal(cli_args(config, workdir), cwd=ROOT,
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   text=True)
-  metrics = os.path.join(workdir, "metrics.jsonl")
-  wait_for(lambda: os.path.exists(metrics) and len(open(metrics).readlines()) >= 3,
-           proc)
-  proc.send_signal(signal.SIGINT)
-  out, err = proc.communicate(timeout=120)
-  assert proc.returncode == guards.EXIT_INTERRUPTED, err[-3000:]
-  steps = checkpointing.Checkpointer(workdir).all_steps()
+  returncode, out, err, steps = _signal_mid_run(config, workdir, signal.SIGINT,
+                                                _popen_as_from_a_terminal)
+  assert returncode == guards.EXIT_INTERRUPTED, err[-3000:]
   assert len(steps) == 1 and 3 <= steps[0] < 400  # saved where it stopped
   assert out.splitlines()[-1] == (
       f"Interrupted (Ctrl-C) at step {steps[0]}; a checkpoint of that step was "
