@@ -108,6 +108,23 @@ def test_resume_is_exact(pretrained, tmp_path, monkeypatch):
   assert ((tmp_path / "cut" / "predictions_validation.jsonl").read_text()
           == (tmp_path / "whole" / "predictions_validation.jsonl").read_text())
 
+  # SIGTERM or Ctrl-C at an epoch's end (step 3 of 3 a epoch): a checkpoint
+  # of that step and no evaluation; the resumed run evaluates it first, and
+  # ends as the uninterrupted one.
+  from bertjax import guards
+  real = guards.PreemptionWatcher.should_stop
+  monkeypatch.setattr(guards.PreemptionWatcher, "should_stop",
+                      lambda self, step: step == 3)
+  with pytest.raises(guards.Preempted, match="at step 3; a checkpoint of that step"):
+    loop.run(_finetune_config("coherence", **kw), pretrained, str(tmp_path / "stopped"))
+  assert not (tmp_path / "stopped" / "eval_3.json").exists()
+  monkeypatch.setattr(guards.PreemptionWatcher, "should_stop", real)
+  assert loop.run(_finetune_config("coherence", **kw), pretrained,
+                  str(tmp_path / "stopped")) == whole
+  assert losses(tmp_path / "stopped") == losses(tmp_path / "whole")
+  assert ((tmp_path / "stopped" / "eval_3.json").read_text()
+          == (tmp_path / "whole" / "eval_3.json").read_text())
+
 
 def _saved_params(workdir, step):
   import jax

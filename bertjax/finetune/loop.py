@@ -314,6 +314,8 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
   Raises:
     guards.NonFiniteLoss: a NaN/Inf loss or gradient under the
       ``config.nonfinite`` policy (module docstring).
+    guards.Preempted: SIGTERM or Ctrl-C came; a checkpoint of the step it
+      came at was saved (``bertjax.finetune`` prints it and exits 75 or 130).
   """
   _check(config)
   _check_directories(config, workdir)
@@ -389,8 +391,14 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
       nonfinite.check(*previous)
       previous = None
 
+  preemption = guards.PreemptionWatcher()
+  preemption.catch_interrupt()  # Ctrl-C too: a checkpoint of the step, then stop
   try:
     with mesh:
+      if _epoch_end_unevaluated(cfg, step, workdir_path):  # stopped there before
+        record = evaluate(cfg, task, predict_fn, state.params, eval_feats, mesh, step,
+                          workdir_path, writer)
+        best.offer(step, -record[cfg.main_metric], state, it.get_state(), cfg, fingerprint)
       while step < last:
         batch = _device_batch(train_feats, task.kind, it.next_indices())
         state, m = step_fn(state, train.to_global(batch, mesh), rng)
@@ -413,16 +421,22 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
           logging.info("%s", line)
           print(line, flush=True)
         epoch_end = step % cfg.steps_per_epoch == 0 or step == cfg.num_train_steps
-        if step % cfg.checkpoint_every_steps == 0 or epoch_end or step == last:
+        stopping = preemption.should_stop(step)
+        if (step % cfg.checkpoint_every_steps == 0 or epoch_end or step == last
+            or stopping):
           check_previous()  # never checkpoint a step that went bad
           checkpointer.save(step, state, it.get_state(), cfg, fingerprint)
           writer.flush()  # a run resumed from here finds every row up to it
+        if stopping:  # the resumed run evaluates an epoch's end it skipped
+          checkpointer.wait()
+          raise guards.Preempted(step)
         if epoch_end:
           record = evaluate(cfg, task, predict_fn, state.params, eval_feats, mesh, step,
                             workdir_path, writer)
           best.offer(step, -record[cfg.main_metric], state, it.get_state(), cfg, fingerprint)
       check_previous()
   finally:
+    preemption.close()
     checkpointer.close()
     writer.close()
     best.close()
@@ -436,6 +450,13 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
   record["best"] = {"step": best.best["step"], cfg.main_metric: -best.best["loss"]}
   print(json.dumps(record), flush=True)
   return record
+
+
+def _epoch_end_unevaluated(cfg, step: int, workdir: epath.Path) -> bool:
+  """Whether a resumed run starts at an epoch's end whose evaluation a stop
+  (SIGTERM, Ctrl-C) skipped: no eval_<step>.json there."""
+  return (0 < step < cfg.num_train_steps and step % cfg.steps_per_epoch == 0
+          and not (workdir / f"eval_{step}.json").exists())
 
 
 def _initial_state(model, tx, cfg, shardings, loaded, mesh):
