@@ -158,6 +158,10 @@ def test_one_tokenizer_for_all_and_a_weighted_pass(mixed, two_corpora, demo_conf
   assert len(val) == data.splits["validation"] == len(expected)
   assert all(np.array_equal(val[i]["tokens"], e["tokens"]) for i, e in enumerate(expected))
 
+  # The pass's [UNK] rate is a mean of the corpora's: between theirs.
+  for split in ("train", "validation"):
+    rates = [part.unk_rate[split] for part in data.parts]
+    assert min(rates) - 1e-12 <= data.unk_rate[split] <= max(rates) + 1e-12
   # `prepare --verify` reads every shard prepare made, the corpora's text too.
   reports = shards.verify(data.data_dir)
   assert all(r.problem is None for r in reports)

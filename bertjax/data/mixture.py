@@ -13,15 +13,17 @@ by ``key=value`` options separated by spaces:
 documents appears in one pass over the mixture: 3 repeats every Wikipedia
 article three times per pass (each copy packed and masked with its own seed,
 as ``dupe_factor``'s copies are), 0.5 takes a fixed, evenly spread half of
-the corpus's documents (every other one, the same in every pass). ``text_feature``, ``text_files``, ``train_split`` and
-``eval_split`` default to the config's own fields; ``config.dataset`` and
-those fields are otherwise not used when a mixture is set.
+the corpus's documents (every other one, the same in every pass).
+``text_feature``, ``text_files``, ``train_split`` and ``eval_split`` default
+to the config's own fields; ``config.dataset`` and those fields are
+otherwise not used when a mixture is set.
 
 All corpora share one tokenizer, trained on a uniform sample of all their
 training sentences together (the weights do not enter it, so re-weighting a
-mixture reuses its tokenizer and shards). Evaluation reads every corpus's
-``eval_split`` once, in entry order (a corpus with ``eval_split=`` empty adds
-none). Each corpus is tokenized into its own shards
+mixture reuses its tokenizer and shards). Evaluation scores every corpus's
+``eval_split`` as a pass of its own (``MixedData.eval_sources``; a corpus
+with ``eval_split=`` empty has none), and reports the figures of all of them
+and of each. Each corpus is tokenized into its own shards
 (``bertjax_tokenized/<mixture>__<corpus>``); ``MixedData`` puts them together
 behind the interface of ``prepare.PreparedData``, so training, evaluation,
 resume and the checkpoints' tokenizer check see one corpus.
@@ -247,6 +249,8 @@ class MixedData:
     self._train, self._eval = train_split, eval_split
     counts = self.train_counts()
     self.splits = {train_split: sum(counts)}
+    # Tokens of a pass: exact for whole copies, the corpus's mean document
+    # length for a fraction of one.
     self.num_tokens = {train_split: int(sum(
         c / p.splits[k.train_split] * p.num_tokens.get(k.train_split, 0)
         for c, p, k in zip(counts, self.parts, self.corpora)))}
@@ -254,7 +258,18 @@ class MixedData:
       self.splits[eval_split] = sum(p.splits[k.eval_split] for k, p in self._eval_parts())
       self.num_tokens[eval_split] = sum(p.num_tokens.get(k.eval_split, 0)
                                         for k, p in self._eval_parts())
+    # [UNK] rates as the tokens of a pass weigh them (absent where a corpus's
+    # shards predate the counts).
     self.unk_rate = {}
+    for split, pairs in ((train_split, zip(counts, self.corpora, self.parts)),
+                         (eval_split, [(p.splits[k.eval_split], k, p)
+                                       for k, p in self._eval_parts()])):
+      pairs = [(c, k.train_split if split == train_split else k.eval_split, p)
+               for c, k, p in pairs]
+      if split in self.num_tokens and all(s in p.unk_rate for _, s, p in pairs):
+        unknown = sum(c / p.splits[s] * p.num_tokens.get(s, 0) * p.unk_rate[s]
+                      for c, s, p in pairs)
+        self.unk_rate[split] = unknown / max(self.num_tokens[split], 1)
 
   def _eval_parts(self) -> list[tuple[Corpus, Any]]:
     return [(k, p) for k, p in zip(self.corpora, self.parts) if k.eval_split]
