@@ -77,8 +77,7 @@ def evaluate_params(config, params, prepared, mesh, model, objective, *,
   """
   if step_fn is None:
     step_fn = make_eval_step(config, mesh, model, objective)
-  parts = (prepared.eval_sources() if hasattr(prepared, "eval_sources")
-           else [("", prepared.source(config.eval_split))])
+  parts = prepared.eval_sources(config.eval_split)
   sums = counts = None
   by_corpus = {}
   for label, source in parts:

@@ -188,7 +188,7 @@ def test_a_mixture_trains_and_resume_refuses_new_weights(mixed, two_corpora, dem
   record = train.train_and_evaluate(config, workdir)
   # Each corpus's eval split is scored apart (eval_max_batches each); the
   # record's own figures are over both.
-  labels = [label for label, _ in data.eval_sources()]
+  labels = [label for label, _ in data.eval_sources(config.eval_split)]
   assert len(labels) == 2 and labels[0] != labels[1]
   for field in ("num_tokens", "num_predictions"):
     assert record[field] == sum(record[f"{label}/{field}"] for label in labels) > 0

@@ -288,14 +288,20 @@ class MixedData:
       parts = self._eval_parts()
       return MixedSource([p.source(k.eval_split) for k, p in parts],
                          [p.splits[k.eval_split] for k, p in parts])
-    raise ValueError(
+    raise self._unprepared(split)
+
+  def _unprepared(self, split: str) -> ValueError:
+    return ValueError(
         f"Split {split!r} was not prepared (have {sorted(self.splits)}); set "
         f"--config.train_split/eval_split to one of them or prepare it.")
 
-  def eval_sources(self) -> list[tuple[str, Any]]:
+  def eval_sources(self, split: str) -> list[tuple[str, Any]]:
     """(label, eval split) of each corpus that has one, for per-corpus
-    figures: the label is the corpus's dataset as a key (``pg19``,
-    ``wikipedia_20230601_en``), or its full key where two share a dataset."""
+    figures (``split``: the config's eval_split): the label is the corpus's
+    dataset as a key (``pg19``, ``wikipedia_20230601_en``), or its full key
+    where two share a dataset."""
+    if split != self._eval or split not in self.splits:
+      raise self._unprepared(split)
     parts = self._eval_parts()
     names = [builders.source_key(k.dataset) for k, _ in parts]
     return [(name if names.count(name) == 1 else k.key(), p.source(k.eval_split))

@@ -41,7 +41,7 @@ import dataclasses
 import hashlib
 import os
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 from absl import logging
 import numpy as np
@@ -109,6 +109,11 @@ class PreparedData:
     return shards.CheckedSource(
         builder.as_data_source(key), [os.fspath(p) for p in info.filepaths],
         info.shard_lengths, self.data_dir)
+
+  def eval_sources(self, split: str) -> list[tuple[str, Any]]:
+    """(label, source) of each corpus scored apart: one corpus, no label
+    (a mixture's, bertjax/data/mixture.py, has one per corpus)."""
+    return [("", self.source(split))]
 
   def tokenizer(self):
     """The tokenizer the shards were made with."""
