@@ -206,6 +206,10 @@ def test_finetune_prepare_convert_and_study_refuse_a_read_only_parent(
   from bertjax.data import prepare
   from bertjax.finetune import loop
   from bertjax.study import core
+  # Imported while still root: where the packages live under a directory only
+  # root may read (CI's /root/.pyenv), nobody could not import them later.
+  import matplotlib.backends.backend_agg  # noqa: F401
+  import matplotlib.figure  # noqa: F401
   parent = os.path.join(open_dir, "ro")
   os.mkdir(parent, 0o555)
   os.chmod(parent, 0o555)
