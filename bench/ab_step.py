@@ -102,6 +102,15 @@ A variant is a ``+``-joined set of features (``qkv_fused+heads_major``):
                XLA:GPU compile options (``_COMPILER_OPTIONS``): matmuls on
                cuBLASLt (bias epilogues), matmuls on cuBLAS rather than
                Triton gemm fusions, kernels launched without CUDA graphs.
+  triton_gemm_any, cudnn_layer_norm, block_level
+               XLA:GPU compile options too: Triton gemm fusions wherever the
+               autotuner finds them faster, cuDNN's LayerNorm kernels, Triton
+               block-level fusions of the reductions.
+
+A variant that does not compile (an option this XLA does not know) is
+reported with its error and left out of the timing; once
+``--compile_budget_s`` has passed, the variants not yet compiled are left
+out the same way, so that a run on lent time still times what it built.
 """
 
 from __future__ import annotations
@@ -148,6 +157,9 @@ from bertjax.models import projection  # noqa: E402
 _VARIANTS = flags.DEFINE_list("variants", ["baseline", "guard_where"],
                               "Variants to compare; the first is the reference.")
 _ROUNDS = flags.DEFINE_integer("rounds", 9, "Interleaved timed rounds.")
+_COMPILE_BUDGET = flags.DEFINE_float(
+    "compile_budget_s", 0.0,
+    "Seconds after which no further variant is compiled (0: no limit).")
 _WARMUP = flags.DEFINE_integer("ab_warmup", 2, "Untimed steps per variant.")
 
 _ATTENTION_FEATURES = ("flat2d", "qkv_fused", "heads_major", "mask_bias", "dpa",
@@ -169,6 +181,13 @@ _COMPILER_OPTIONS = {
     "cublaslt": {"xla_gpu_enable_cublaslt": True},
     "no_triton_gemm": {"xla_gpu_enable_triton_gemm": False},
     "no_command_buffer": {"xla_gpu_enable_command_buffer": ""},
+    # XLA:GPU fusion choices that could take the memory-bound work between
+    # the matmuls: Triton gemm fusions for any gemm the autotuner finds
+    # faster (elementwise producers fused into the gemm); cuDNN's LayerNorm
+    # kernels; Triton block-level fusions for the reductions.
+    "triton_gemm_any": {"xla_gpu_triton_gemm_any": True},
+    "cudnn_layer_norm": {"xla_gpu_enable_cudnn_layer_norm": True},
+    "block_level": {"xla_gpu_experimental_enable_fusion_block_level_rewriter": True},
 }
 _FEATURES = (("baseline", "guard_cond", "guard_where", "optax_clip", "scale_queries",
               "wgrad_autodiff", "wgrad_heads_autodiff", "wgrad_all_transposed", "wgrad_split",
@@ -454,14 +473,36 @@ def _max_rel_diff(a, b) -> float:
   return max(jax.tree.leaves(diffs))
 
 
-def compare(config, variants: list[str], rounds: int, warmup: int) -> dict:
+def _build_all(config, variants: list[str], budget_s: float):
+  """({variant: built}, {variant: why it was left out})."""
+  built, left_out = {}, {}
+  start = time.perf_counter()
+  for v in variants:
+    if budget_s and time.perf_counter() - start > budget_s:
+      left_out[v] = f"not compiled: the {budget_s:.0f} s compile budget had passed"
+      continue
+    began = time.perf_counter()
+    try:
+      built[v] = _build(config, v)
+    except Exception as e:  # pylint: disable=broad-except
+      if v == variants[0]:
+        raise
+      left_out[v] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+    print(f"{v}: {time.perf_counter() - began:.1f} s to build", file=sys.stderr, flush=True)
+  return built, left_out
+
+
+def compare(config, variants: list[str], rounds: int, warmup: int,
+            budget_s: float = 0.0) -> dict:
   """Runs the A/B; returns the record printed as JSON (module doc)."""
-  built = {v: _build(config, v) for v in variants}
+  built, left_out = _build_all(config, variants, budget_s)
   ref_loss, ref_params = built[variants[0]][1]
   record: dict[str, Any] = {
       "model": f"{config.model}-{config.model_size}",
       "batch_size": int(config.batch_size), "seq_len": int(config.seq_len),
       "rounds": rounds, "reference": variants[0]}
+  record.update({v: {"left_out": why} for v, why in left_out.items()})
+  variants = [v for v in variants if v in built]
   for v in variants:
     loss, params = built[v][1]
     record[v] = {"first_loss": loss,
@@ -491,7 +532,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   print(json.dumps(compare(flags.FLAGS.config, _VARIANTS.value, _ROUNDS.value,
-                           _WARMUP.value)), flush=True)
+                           _WARMUP.value, _COMPILE_BUDGET.value)), flush=True)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@
 #   ab       bench/ab_step.py, interleaved: VARIANTS (default this tree
 #            against the embedding lookups it replaced: bf16 word-table
 #            scatter; scatter-add gradients of the position and segment
-#            tables); e.g. VARIANTS=baseline,pointwise_remat,dpa_lengths
+#            tables); e.g. VARIANTS=baseline,pointwise_remat,dpa_lengths;
+#            COMPILE_BUDGET=300 stops compiling further variants after 300 s
 #   profile  bench/profile_step.py: bertjax's step traced, its costliest GPU
 #            kernels listed (where the time beyond the matmuls goes)
 # Each run compiles its steps first: on an H200 (2026-11-26) bertjax's base
@@ -43,7 +44,7 @@ for part in ${PARTS:-compare xla}; do
            --warmup=3 --config.attention_impl=xla ;;
     ab) python3 "$here/ab_step.py" "${common[@]}" --config.attention_impl=dot_product \
           --variants="${VARIANTS:-baseline,embed_gather+word_bf16,word_bf16}" \
-          --rounds="${ROUNDS:-5}" ;;
+          --rounds="${ROUNDS:-5}" --compile_budget_s="${COMPILE_BUDGET:-0}" ;;
     profile) python3 "$here/profile_step.py" "${common[@]}" --config.attention_impl=dot_product \
                --systems=bertjax --raw_top=40 ;;
     *) echo "Unknown part '$part' in PARTS; pick from: compare xla ab profile." >&2; exit 2 ;;
