@@ -1,6 +1,7 @@
 """Pretraining on a weighted mixture of corpora (bertjax/data/mixture.py)."""
 
 import collections
+import dataclasses
 import os
 
 import numpy as np
@@ -33,6 +34,10 @@ def _config(demo_config, text, **overrides):
     ("weight=2 pg19", "does not start with a dataset name"),
     ("bertjax_local_text/paragraphs", "no text_files.*add text_files="),
     ("pg19; pg19 weight=2", "reads the same text as 'pg19'"),
+    ("pg19 share=0", "share='0'.*positive part of a pass's tokens"),
+    ("pg19 share=0.5 weight=2", "gives both a weight and a share.*keep one"),
+    ("pg19 share=0.5; bertjax_python_docs", "'bertjax_python_docs' has no share while "
+     "'pg19 share=0.5' has one.*give every corpus a share"),
 ])
 def test_bad_entries_get_one_sentence(demo_config, text, needle):
   config = _config(demo_config, text, text_files="")
@@ -66,6 +71,23 @@ def test_entries_take_the_config_defaults(demo_config):
   assert {c.key() for c in mixture.parse(other_eval)} != {wiki.key(), books.key()}
   other = _config(demo_config, "pg19 text_feature=book_text")
   assert mixture.name(mixture.parse(other)) != mixture.name([wiki, books])
+
+
+@pytest.mark.parametrize("shares,tokens", [((7, 3), (1000, 50_000)), ((0.2, 0.5, 0.3),
+                                                                        (10, 10, 10**6))])
+def test_shares_give_each_corpus_its_part_of_a_pass_as_large_as_all(shares, tokens):
+  corpora = [mixture.Corpus(f"c{i}", 1.0, "text", "", "train", "", share=s)
+             for i, s in enumerate(shares)]
+  weights = mixture.weights(corpora, tokens)
+  pass_tokens = [w * t for w, t in zip(weights, tokens)]
+  assert sum(pass_tokens) == pytest.approx(sum(tokens), rel=1e-12)
+  for part, share in zip(pass_tokens, shares):
+    assert part / sum(pass_tokens) == pytest.approx(share / sum(shares), rel=1e-12)
+  # Entries with weights keep them; an empty corpus cannot make its share.
+  plain = [dataclasses.replace(c, share=0.0, weight=2.5) for c in corpora]
+  assert mixture.weights(plain, tokens) == [2.5] * len(shares)
+  with pytest.raises(ValueError, match="c0 has no tokens in train.*drop it or fix"):
+    mixture.weights(corpora, (0,) + tuple(tokens[1:]))
 
 
 @pytest.mark.parametrize("n,count", [(10, 30), (1000, 300), (997, 1500), (1, 4), (7, 7)])
@@ -175,6 +197,29 @@ def test_one_tokenizer_for_all_and_a_weighted_pass(mixed, two_corpora, demo_conf
   assert _files(data.data_dir) == before
   assert again.fingerprint == data.fingerprint
   assert again.train_counts() == [mixture.copies(n1, 0.5), n2]
+
+
+def test_shares_hold_on_the_tokens_of_a_prepared_pass(mixed, two_corpora, demo_config):
+  config, data = mixed
+  text = (f"bertjax_local_text/paragraphs share=1 text_files={two_corpora}/first/*.txt; "
+          f"bertjax_local_text/paragraphs share=3 text_files={two_corpora}/second/*.txt")
+  before = _files(data.data_dir)
+  shared = prepare.prepare(_config(demo_config, text, data_dir=data.data_dir), data.data_dir)
+  assert _files(data.data_dir) == before  # the same texts: tokenizer and shards reused
+  source = shared.source("train")
+  tokens = [0, 0]
+  for i in range(len(source)):
+    tokens[source.locate(i)[0]] += len(source[i]["tokens"])
+  longest = max(len(part.source("train")[j]["tokens"])
+                for part in shared.parts for j in range(part.splits["train"]))
+  # A quarter of the pass's tokens from the first corpus, to within the
+  # rounding of its document count (half a document of the longest) and the
+  # spread of the evenly picked fraction's mean length (two documents).
+  assert abs(tokens[0] / sum(tokens) - 0.25) <= 2.5 * longest / sum(tokens)
+  # The pass is as large as the two corpora together, to the same tolerance.
+  both = sum(part.num_tokens["train"] for part in shared.parts)
+  assert abs(sum(tokens) - both) <= 5 * longest
+  assert shared.num_tokens["train"] == pytest.approx(sum(tokens), abs=5 * longest)
 
 
 def test_a_mixture_trains_and_resume_refuses_new_weights(mixed, two_corpora, demo_config,

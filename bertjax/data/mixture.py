@@ -14,6 +14,19 @@ documents appears in one pass over the mixture: 3 repeats every Wikipedia
 article three times per pass (each copy packed and masked with its own seed,
 as ``dupe_factor``'s copies are), 0.5 takes a fixed, evenly spread half of
 the corpus's documents (every other one, the same in every pass).
+
+``share`` sets a corpus's part of a pass's *tokens* instead: with
+``wikipedia/20230601.en share=0.7; pg19 share=0.3`` seven tenths of the
+tokens a pass trains on are Wikipedia's, however long each corpus's
+documents are. Shares are given to every entry or to none, and are
+normalised to sum to 1 (``share=7`` and ``share=3`` say the same). A pass
+holds as many tokens as all the corpora together (the pass of weights 1),
+so each corpus's weight comes out as its share of those tokens over its own
+tokens (``weights``): a corpus smaller than its share is repeated, a larger
+one subsampled. Whole copies hold their share exactly; a fraction of a
+copy takes evenly spread documents, so its tokens are off by as much as
+their mean length is from the corpus's (for the pydoc topics halved into
+two corpora, shares 1:3 gave 24.1% instead of 25%).
 ``text_feature``, ``text_files``, ``train_split`` and ``eval_split`` default
 to the config's own fields; ``config.dataset`` and those fields are
 otherwise not used when a mixture is set.
@@ -42,7 +55,7 @@ from bertjax import paths
 from bertjax.data import builders
 
 # Options an entry may set; the rest of the config is shared by all corpora.
-OPTIONS = ("weight", "text_feature", "text_files", "train_split", "eval_split")
+OPTIONS = ("weight", "share", "text_feature", "text_files", "train_split", "eval_split")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +67,7 @@ class Corpus:
   text_files: str
   train_split: str
   eval_split: str
+  share: float = 0.0  # of a pass's tokens; 0 where the entry gives a weight
 
   def text(self) -> str:
     """What decides the corpus's text."""
@@ -84,16 +98,20 @@ def _bad(entry: str, why: str, fix: str) -> ValueError:
   return ValueError(f"config.mixture entry {entry!r} {why}; {fix}.")
 
 
-def _weight(entry: str, text: str) -> float:
+def _positive(entry: str, option: str, text: str, fix: str) -> float:
   try:
-    weight = float(text)
+    value = float(text)
   except ValueError:
-    weight = math.nan
-  if not (math.isfinite(weight) and weight > 0):
-    raise _bad(entry, f"has weight={text!r}",
-               "give a positive number of copies of the corpus per pass, e.g. "
-               "weight=2 or weight=0.5")
-  return weight
+    value = math.nan
+  if not (math.isfinite(value) and value > 0):
+    raise _bad(entry, f"has {option}={text!r}", fix)
+  return value
+
+
+def _weight(entry: str, text: str) -> float:
+  return _positive(entry, "weight", text,
+                   "give a positive number of copies of the corpus per pass, e.g. "
+                   "weight=2 or weight=0.5")
 
 
 def _corpus(entry: str, config) -> Corpus:
@@ -106,19 +124,30 @@ def _corpus(entry: str, config) -> Corpus:
             "text_files": config.get("text_files", ""),
             "train_split": config.get("train_split", "train"),
             "eval_split": config.get("eval_split", "")}
+  given = set()
   for option in options:
     name, sep, value = option.partition("=")
     if not sep or name not in OPTIONS:
       raise _bad(entry, f"has the option {option!r}",
                  f"write options as key=value with key one of {', '.join(OPTIONS)}")
     values[name] = value
+    given.add(name)
+  share = 0.0
+  if "share" in given:
+    if "weight" in given:
+      raise _bad(entry, "gives both a weight and a share",
+                 "keep one: weight counts documents, share the pass's tokens")
+    share = _positive(entry, "share", values["share"],
+                      "give the corpus's positive part of a pass's tokens, e.g. "
+                      "share=0.3 (shares are normalised to sum to 1)")
   if not values["train_split"]:
     raise _bad(entry, "has an empty train_split", "name the split to train on")
   if dataset.partition("/")[0] == "bertjax_local_text" and not values["text_files"]:
     raise _bad(entry, "reads local text but has no text_files",
                "add text_files=<comma-separated paths or globs> to the entry")
   return Corpus(dataset, _weight(entry, values["weight"]), values["text_feature"],
-                values["text_files"], values["train_split"], values["eval_split"])
+                values["text_files"], values["train_split"], values["eval_split"],
+                share)
 
 
 def parse(config) -> list[Corpus]:
@@ -142,7 +171,33 @@ def parse(config) -> list[Corpus]:
       raise _bad(entry, f"reads the same text as {seen[corpus.identity()]!r}",
                  "list each corpus once and give it a weight instead")
     seen[corpus.identity()] = entry
+  with_share = [e for e, c in zip(entries, corpora) if c.share]
+  if with_share and len(with_share) < len(corpora):
+    without = next(e for e, c in zip(entries, corpora) if not c.share)
+    raise _bad(without, f"has no share while {with_share[0]!r} has one",
+               "give every corpus a share (of a pass's tokens) or none "
+               "(and weights, of its documents)")
   return corpora
+
+
+def weights(corpora: Sequence[Corpus], tokens: Sequence[int]) -> list[float]:
+  """Copies of each corpus's training documents in one pass (``tokens``: its
+  training tokens): the entries' weights, or where they give shares, the
+  weights that give each corpus its share of a pass as large as all the
+  corpora's tokens together.
+
+  Raises:
+    ValueError: a corpus with a share has no training tokens.
+  """
+  if not corpora[0].share:
+    return [c.weight for c in corpora]
+  for corpus, count in zip(corpora, tokens):
+    if count <= 0:
+      raise ValueError(
+          f"config.mixture's {corpus.dataset} has no tokens in {corpus.train_split}, so "
+          f"it cannot make share={corpus.share:g} of a pass; drop it or fix its split.")
+  total, shares = sum(tokens), sum(c.share for c in corpora)
+  return [c.share / shares * total / count for c, count in zip(corpora, tokens)]
 
 
 def corpus_config(config, corpus: Corpus):
@@ -173,7 +228,10 @@ def shards_name(config, corpus: Corpus) -> str:
 
 
 def describe(corpora: Sequence[Corpus]) -> str:
-  """'wikipedia/20230601.en x3 + pg19 x1', for logs."""
+  """'wikipedia/20230601.en x3 + pg19 x1' (or 'share 0.7 + ...'), for logs."""
+  if corpora[0].share:
+    total = sum(c.share for c in corpora)
+    return " + ".join(f"{c.dataset} share {c.share / total:.3g}" for c in corpora)
   return " + ".join(f"{c.dataset} x{c.weight:g}" for c in corpora)
 
 
@@ -274,10 +332,15 @@ class MixedData:
   def _eval_parts(self) -> list[tuple[Corpus, Any]]:
     return [(k, p) for k, p in zip(self.corpora, self.parts) if k.eval_split]
 
+  def weights(self) -> list[float]:
+    """Copies of each corpus's documents in a pass (``weights``)."""
+    return weights(self.corpora, [p.num_tokens.get(k.train_split, 0)
+                                  for k, p in zip(self.corpora, self.parts)])
+
   def train_counts(self) -> list[int]:
     """Documents of each corpus in one pass over the mixture."""
-    return [copies(p.splits[k.train_split], k.weight)
-            for k, p in zip(self.corpora, self.parts)]
+    return [copies(p.splits[k.train_split], w)
+            for k, p, w in zip(self.corpora, self.parts, self.weights())]
 
   def source(self, split: str):
     """The mixture's pass (train split) or its corpora's eval splits in turn."""
