@@ -23,16 +23,23 @@ class Generation:
   runtime_version: str     # default TPU VM software version for JAX
   grid_dims: int           # 2-D (v5e, v6e) or 3-D (v4, v5p) chip grid
   gke_accelerator: str     # GKE node label cloud.google.com/gke-tpu-accelerator
+  # The slice sizes (chips) Cloud TPU offers; () where any whole number of
+  # hosts makes a slice (v4 and v5p take custom 3-D topologies).
+  offered_chips: tuple[int, ...] = ()
 
+
+# v5e and v6e: the 2-D slice shapes 1x1 to 16x16.
+_SHAPES_2D = (1, 4, 8, 16, 32, 64, 128, 256)
 
 GENERATIONS: dict[str, Generation] = {
-    "v2": Generation(2, 4, 4, "tpu-ubuntu2204-base", 2, ""),
-    "v3": Generation(2, 4, 4, "tpu-ubuntu2204-base", 2, ""),
+    "v2": Generation(2, 4, 4, "tpu-ubuntu2204-base", 2, "", (4, 16, 64, 128, 256)),
+    "v3": Generation(2, 4, 4, "tpu-ubuntu2204-base", 2, "",
+                     (4, 16, 32, 64, 128, 256, 512, 1024)),
     "v4": Generation(2, 4, 4, "tpu-ubuntu2204-base", 3, "tpu-v4-podslice"),
     "v5p": Generation(2, 4, 4, "v2-alpha-tpuv5", 3, "tpu-v5p-slice"),
     "v5litepod": Generation(1, 4, 8, "v2-alpha-tpuv5-lite", 2,
-                            "tpu-v5-lite-podslice"),
-    "v6e": Generation(1, 4, 8, "v2-alpha-tpuv6e", 2, "tpu-v6e-slice"),
+                            "tpu-v5-lite-podslice", _SHAPES_2D),
+    "v6e": Generation(1, 4, 8, "v2-alpha-tpuv6e", 2, "tpu-v6e-slice", _SHAPES_2D),
 }
 
 ACCELERATOR = re.compile(r"^(v2|v3|v4|v5p|v5litepod|v6e)-([1-9][0-9]*)$")
@@ -95,6 +102,11 @@ def parse(accelerator_type: str) -> Slice:
         f"TensorCores, {gen.cores_per_chip} per chip, so it must be a multiple "
         f"of {gen.cores_per_chip} (e.g. {name}-{8 * gen.cores_per_chip}).")
   chips = size // gen.cores_per_chip
+  if gen.offered_chips and chips not in gen.offered_chips:
+    sizes = ", ".join(f"{name}-{c * gen.cores_per_chip}" for c in gen.offered_chips)
+    raise ValueError(
+        f"--accelerator_type={accelerator_type!r} is not a slice Cloud TPU offers; "
+        f"pick one of {sizes}.")
   if chips <= gen.max_single_host:
     hosts, per_host = 1, chips
   elif chips % gen.host_chips:

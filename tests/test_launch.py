@@ -176,6 +176,21 @@ def test_config_the_commit_lacks_is_refused(tmp_path):
     assert proc.returncode == 0, (shipped, proc.stderr)
 
 
+@pytest.mark.parametrize("accelerator,nearest", [
+    ("v5litepod-12", "v5litepod-8, v5litepod-16"), ("v6e-24", "v6e-16, v6e-32"),
+    ("v3-16", "v3-8, v3-32"), ("v2-64", "v2-32, v2-128")])
+def test_sizes_cloud_tpu_does_not_offer_are_refused(accelerator, nearest):
+  # v5litepod-12 (three whole hosts of 4 chips) used to pass, and only
+  # gcloud refused it, after the launcher had checked out and built.
+  with pytest.raises(ValueError, match=f"^--accelerator_type='{accelerator}' is not a "
+                     f"slice Cloud TPU offers; pick one of .*{nearest}"):
+    topologies.parse(accelerator)
+  # Every size the message offers parses.
+  gen = topologies.GENERATIONS[accelerator.split("-")[0]]
+  for chips in gen.offered_chips:
+    assert topologies.parse(f"{accelerator.split('-')[0]}-{chips * gen.cores_per_chip}").chips == chips
+
+
 def test_host_counts_and_topologies():
   # accelerator type -> (chips, hosts, chips per host, topology)
   expected = {
