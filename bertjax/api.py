@@ -62,6 +62,29 @@ def _check_texts(texts) -> None:
   if len(texts) == 0:
     raise ValueError("Got no texts (an empty list); pass at least one string "
                      "or (A, B) pair.")
+  for i, text in enumerate(texts):
+    if isinstance(text, str):
+      continue
+    if (not isinstance(text, (tuple, list)) or len(text) != 2
+        or not all(isinstance(part, str) for part in text)):
+      shown = repr(text)
+      shown = shown if len(shown) <= 60 else shown[:57] + "..."
+      raise ValueError(
+          f"Text {i} is {shown}, neither a string nor an (A, B) pair of strings; "
+          "pass each text as a string, or a pair as a tuple of two strings.")
+
+
+def _max_length(max_length: int | None, positions: int) -> int:
+  """The truncation length: ``max_length``, or the position table's size,
+  which a longer row would read past."""
+  if max_length is None:
+    return positions
+  if not 1 <= int(max_length) <= positions:
+    raise ValueError(
+        f"max_length={max_length} is outside 1 ... {positions}, the model's position "
+        f"table (max_position_embeddings); pass a max_length in that range, or none "
+        "for the whole table.")
+  return int(max_length)
 
 
 def _padded_length(length: int, limit: int) -> int:
@@ -150,8 +173,10 @@ class Model:
       int32 [batch, length] tokens, segment_ids, positions, doc_ids (1 on
       real tokens, 0 on padding).
     """
+    if not isinstance(texts, (str, bytes)):
+      texts = list(texts)  # a generator or other iterable of texts
     _check_texts(texts)
-    limit = int(max_length or self.config["max_position_embeddings"])
+    limit = _max_length(max_length, int(self.config["max_position_embeddings"]))
     # No segment table (type_vocab_size 0, DeBERTa-v3) reads segment 0 too.
     last_segment = 0 if self._single_segment else max(
         0, int(self.config.get("type_vocab_size", 2)) - 1)
@@ -248,6 +273,12 @@ class Model:
       (softmax probability over the whole vocabulary).
     """
     from bertjax import fill_mask as fill_mask_lib
+    most = int(self.config["vocab_size"]) - batch_lib.NUM_SPECIAL_TOKENS
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= most:
+      # Beyond ``most`` the special tokens, never proposed, would fill the list.
+      raise ValueError(f"top_k={top_k!r} is invalid: pass the number of predictions "
+                       f"wanted per [MASK], between 1 and {most} (the vocabulary's "
+                       "tokens less its special ones), e.g. top_k=5.")
     if not isinstance(text, str):
       raise ValueError(f"fill_mask takes one text, not a {type(text).__name__}; "
                        "call it once per text.")

@@ -61,12 +61,14 @@ def _shipped_path(path: str) -> pathlib.Path | None:
 
 
 def resolve_path(path: str) -> str:
-  """``path`` if it exists, else the shipped config it names.
+  """``path`` if it is a file, else the shipped config it names.
 
   Raises:
     ValueError: if neither exists.
   """
-  if os.path.exists(path):
+  # A file only: a directory of that name (say the workdir ./bert of a run
+  # of bert:tiny) must not hide the shipped config.
+  if os.path.isfile(path):
     return path
   shipped = _shipped_path(path)
   if shipped is None:

@@ -25,9 +25,11 @@ def _fail(field: str, value, want: str) -> None:
                    f"--config.{field}=... accordingly.")
 
 
-def validate(config) -> None:
+def validate(config, *, variant: bool = True) -> None:
   """Range and choice checks on the loop's config fields, and a mesh_shape
-  that fits the devices and divides the model's sharded dimensions."""
+  that fits the devices and divides the model's sharded dimensions; with
+  ``variant``, the objective's and model's own fields too (``check_variant``;
+  training runs that after comparing the config with the workdir's)."""
   if "task" in config and "objective" not in config:
     raise ValueError(
         "This is a fine-tuning config (configs/finetune.py), not a "
@@ -55,8 +57,19 @@ def validate(config) -> None:
           f"it must be between 8 and max_position_embeddings "
           f"({config.max_position_embeddings}), the size of the position table")
   if not 1 <= config.max_predictions_per_seq <= config.seq_len:
-    _fail("max_predictions_per_seq", config.max_predictions_per_seq,
-          f"it must be between 1 and seq_len ({config.seq_len})")
+    # What the shipped configs give: XLNet 1/K of the row, the others the
+    # masked share of it (an import's slots follow its 512 positions, so a
+    # shorter --config.seq_len needs fewer).
+    if "partial_prediction_k" in config:
+      slots = -(-config.seq_len // max(1, int(config.partial_prediction_k)))
+    else:
+      slots = math.ceil(float(config.get("mask_rate", 0.15)) * config.seq_len)
+    slots = min(max(1, slots), config.seq_len)
+    raise ValueError(
+        f"config.max_predictions_per_seq={config.max_predictions_per_seq!r} is "
+        f"invalid: it must be between 1 and seq_len ({config.seq_len}); set "
+        f"--config.max_predictions_per_seq={slots} (enough for the masked "
+        "share of seq_len) or another value in that range.")
   for field in ("batch_size", "log_every_steps", "checkpoint_every_steps",
                 "keep_checkpoints", "vocab_size"):
     if int(config[field]) < 1:
@@ -65,13 +78,19 @@ def validate(config) -> None:
     _fail("num_train_steps", config.num_train_steps, "it must not be negative")
   if config.warmup_steps < 0:
     _fail("warmup_steps", config.warmup_steps, "it must not be negative")
-  if config.learning_rate <= 0:
-    _fail("learning_rate", config.learning_rate, "it must be positive")
+  if not 0 < config.learning_rate < math.inf:  # also refuses NaN
+    _fail("learning_rate", config.learning_rate, "it must be a positive number")
+  _check_optimizer_numbers(config)
+  for field in ("eval_every_steps", "eval_max_batches", "seed"):
+    if field in config and not int(config[field]) >= 0:
+      _fail(field, config[field], "it must not be negative")
   if int(config.get("microbatches", 1)) < 1:
     _fail("microbatches", config.microbatches, "it must be a positive integer")
   if config.get("remat", "none") not in _REMAT:
     _fail("remat", config.remat, f"it must be one of {', '.join(_REMAT)}")
   attention.check_config(config)
+  if variant:
+    check_variant(config)
   mixture.parse(config)  # its entries, before any data is read
   import jax
   from bertjax import sharding
@@ -80,6 +99,69 @@ def validate(config) -> None:
   check_sharded_dims(config, shape)
   # Before any data is prepared: the same check as check_mesh, on the shape.
   _check_batch(config, shape["data"] * shape["fsdp"], shape)
+
+
+def check_variant(config) -> None:
+  """The objective's and the model's own fields (span lengths, ERNIE's level
+  rates, ALBERT's sharing, DeBERTa's attention terms, XLNet's mem_len ...),
+  which are checked when they are built: built here (milliseconds, no
+  parameters), before any data is prepared or the workdir is written to.
+
+  Raises:
+    ValueError: a bad field, or one the objective needs that the config
+      lacks (an objective set on another system's config).
+  """
+  from bertjax import models
+  from bertjax import objectives
+  try:
+    objectives.get_objective(config)
+    models.get_model(config)
+  except (AttributeError, KeyError) as e:
+    field = str(e).strip("\"'").split("'")[0]
+    if not field or field in config:
+      raise  # not a field the config lacks: no user mistake to name
+    raise ValueError(
+        f"config.objective={config.get('objective')!r} needs the config field "
+        f"{field!r}, which this config does not have; start from the shipped "
+        f"config of that system (e.g. --config=configs/{config.get('objective')}.py:"
+        f"{config.get('model_size', 'base')}).") from None
+  _check_knowledge(config)
+
+
+def _check_optimizer_numbers(config) -> None:
+  """Adam's moments, epsilon, weight decay, clipping and dropout: values that
+  would train on (as gradient ascent, a frozen model or NaN) instead of failing."""
+  for field in ("adam_b1", "adam_b2"):
+    if field in config and not 0 <= config[field] < 1:
+      _fail(field, config[field], "it must lie in [0, 1)")
+  if "adam_eps" in config and not 0 < config.adam_eps < math.inf:
+    _fail("adam_eps", config.adam_eps, "it must be a positive number (Adam "
+          "divides by it where a gradient is zero)")
+  if "weight_decay" in config and not 0 <= config.weight_decay < math.inf:
+    _fail("weight_decay", config.weight_decay, "it must not be negative")
+  if "grad_clip_norm" in config and not 0 < config.grad_clip_norm < math.inf:
+    _fail("grad_clip_norm", config.grad_clip_norm,
+          "it must be a positive number (0 would zero every update and a "
+          "negative one reverse it; a large value such as 1e9 never clips)")
+  for field in ("dropout_rate", "attention_dropout_rate"):
+    if field in config and not 0 <= config[field] < 1:
+      _fail(field, config[field], "it must lie in [0, 1)")
+
+
+def _check_knowledge(config) -> None:
+  """ERNIE's prepare-time fields (bertjax/data/knowledge.py), checked at
+  prepare otherwise: after the workdir had been set up for the run."""
+  if not config.get("knowledge_spans", False):
+    return
+  from bertjax.data import knowledge
+  knowledge.Settings.from_config(config)  # phrase/entity counts, gazetteer
+  if not math.isfinite(float(config.get("ernie_phrase_min_pmi", 3.0))):
+    _fail("ernie_phrase_min_pmi", config.ernie_phrase_min_pmi,
+          "it must be a number (nats; ERNIE's default is 3)")
+  if int(config.get("knowledge_fit_documents", 50_000)) < 1:
+    _fail("knowledge_fit_documents", config.knowledge_fit_documents,
+          "it must be a positive number of documents to fit phrases and "
+          "entities on")
 
 
 # The config field behind each logical parameter axis, to name it in errors.
@@ -166,10 +248,13 @@ def _check_batch(config, ways: int, mesh_shape: dict[str, int]) -> None:
   import jax
   micro = int(config.get("microbatches", 1))
   if config.batch_size % (ways * micro) or config.batch_size % jax.process_count():
-    _fail("batch_size", config.batch_size,
-          f"the global batch must be divisible by microbatches ({micro}) times "
-          f"the {ways} data-parallel devices (mesh {mesh_shape}), and by "
-          f"the {jax.process_count()} hosts")
+    unit = math.lcm(ways * micro, jax.process_count())
+    raise ValueError(
+        f"config.batch_size={config.batch_size!r} is invalid: the global batch "
+        f"must be divisible by microbatches ({micro}) times the {ways} "
+        f"data-parallel devices (mesh {mesh_shape}), and by the "
+        f"{jax.process_count()} hosts; set --config.batch_size to a multiple "
+        f"of {unit}, e.g. --config.batch_size={-(-config.batch_size // unit) * unit}.")
 
 
 def check_prepared(config, prepared) -> None:

@@ -43,6 +43,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   if _FILL_MASK.value is not None:
+    from bertjax import fill_mask
+    fill_mask.check_top_k(_TOP_K.value)  # before the checkpoint is read
     import bertjax
     model = bertjax.load(_WORKDIR.value, _STEP.value)
     fillings = model.fill_mask(_FILL_MASK.value, _TOP_K.value)

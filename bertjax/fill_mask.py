@@ -15,6 +15,14 @@ from bertjax import batch as batch_lib
 MASK_TEXT = "[MASK]"
 
 
+def check_top_k(top_k: int) -> None:
+  """``--top_k`` must ask for at least one filling; checked before the
+  checkpoint is read (``Model.fill_mask`` checks the vocabulary's bound)."""
+  if top_k < 1:
+    raise ValueError(f"--top_k={top_k} is invalid: the fillings per [MASK] must "
+                     "be at least 1; pass e.g. --top_k=5.")
+
+
 def mask_inputs(model, text: str) -> tuple[dict[str, np.ndarray], np.ndarray]:
   """(model inputs of one row [CLS] ... [SEP], int [m] positions of the masks)."""
   parts = text.split(MASK_TEXT)

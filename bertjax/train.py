@@ -298,7 +298,7 @@ def train_and_evaluate(config, workdir: str, *,
   """
   preemption = guards.PreemptionWatcher()
   try:
-    config_validation.validate(config)
+    config_validation.validate(config, variant=False)
     compat.allowed(config)  # a misspelt allow_changes fails before anything
     workdir = paths.absolute(workdir)
     layout.check_directories(config, workdir)  # reads only: no file in the way
@@ -306,6 +306,9 @@ def train_and_evaluate(config, workdir: str, *,
     if newest is not None:  # read-only: a refusal leaves the workdir as it was
       newest_step, saved, where = newest
       compat.check(saved, config, where, layout_only=newest_step == 0)
+    # After the comparison, whose message is the clearer one where an
+    # objective is set on another system's workdir.
+    config_validation.check_variant(config)
     lock = workdir_lock.hold(workdir, jax.process_index())
     try:
       return _train_and_evaluate(config, workdir, stop_at_step, preemption)
@@ -397,6 +400,7 @@ def _train_and_evaluate(config, workdir, stop_at_step, preemption):
   last = config.num_train_steps if stop_at_step is None else min(
       stop_at_step, config.num_train_steps)
   acc, pending, previous, saved_step = None, None, None, None
+  periodic = (None, None)  # (step, record) of the latest periodic evaluation
   preemption.catch_interrupt()  # Ctrl-C from here on: a checkpoint, then stop
 
   def save(step, state):
@@ -440,6 +444,7 @@ def _train_and_evaluate(config, workdir, stop_at_step, preemption):
               save(step, state)
           else:
             writer.write(step, record, prefix="eval_", flush=True)
+            periodic = (step, record)
             best.offer(step, record.get("loss", record["mlm_loss"]), state,
                        train_iter.get_state(), config, prepared.fingerprint)
         if stopping:
@@ -459,15 +464,19 @@ def _train_and_evaluate(config, workdir, stop_at_step, preemption):
     logging.info("Stopped at step %d with a checkpoint; run again to resume.", step)
     return None
 
-  with mesh:  # the periodic evaluations' context, so eval_fn is not traced again
-    record = evaluation.evaluate_params(config, state.params, prepared, mesh, model,
-                                        objective, should_stop=eval_stop, step_fn=eval_fn)
-  if record is None:
-    raise guards.Preempted.during_final_evaluation(step)
-  record = {"step": step, **record}
-  writer = metrics_lib.MetricWriter(workdir)
-  writer.write(step, {k: v for k, v in record.items() if k != "step"}, prefix="eval_")
-  writer.close()
+  if periodic[0] == step:  # the last step's periodic evaluation is the final one
+    record = {"step": step, **periodic[1]}
+  else:
+    with mesh:  # the periodic evaluations' context, so eval_fn is not traced again
+      record = evaluation.evaluate_params(config, state.params, prepared, mesh, model,
+                                          objective, should_stop=eval_stop,
+                                          step_fn=eval_fn)
+    if record is None:
+      raise guards.Preempted.during_final_evaluation(step)
+    record = {"step": step, **record}
+    writer = metrics_lib.MetricWriter(workdir)
+    writer.write(step, {k: v for k, v in record.items() if k != "step"}, prefix="eval_")
+    writer.close()
   evaluation.write_record(workdir, record)
   print(json.dumps(record), flush=True)
   return record

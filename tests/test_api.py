@@ -225,3 +225,26 @@ def test_over_long_rows_keep_their_specials_and_cut_the_longest_segment(demo_con
   assert seps[0] - 1 == seps[1] - seps[0] - 1 == 19
   with pytest.raises(ValueError, match="no room.*larger max_length"):
     model.tokenize([("a", "b")], max_length=2)
+
+
+def test_texts_max_length_and_top_k_outside_their_range_are_refused(demo_config, demo_data):
+  model = _fresh_tiny(demo_config, demo_data)
+  positions = demo_config.max_position_embeddings
+  # A row longer than the position table used to run, reading past it.
+  for bad in (positions + 1, 0):
+    with pytest.raises(ValueError, match=f"max_length={bad} is outside 1 ... {positions}"):
+      model.encode(["word " * (positions + 10)], max_length=bad)
+  assert model.tokenize(["word " * (positions + 10)])["tokens"].shape == (1, positions)
+  # Neither a string nor a pair of strings: one sentence naming the text.
+  for bad in ([None], ["ok", 3], [("a", "b", "c")], [("a", None)]):
+    with pytest.raises(ValueError, match="neither a string nor an \\(A, B\\) pair"):
+      model.embed(bad)
+  # Any iterable of texts is a batch, as a list is.
+  np.testing.assert_allclose(model.embed(t for t in ["a cat", ("a", "b")]),
+                             model.embed(["a cat", ("a", "b")]), atol=1e-6)
+  # Beyond the vocabulary's non-special tokens the specials would be proposed.
+  most = demo_config.vocab_size - 5
+  assert len(model.fill_mask("The [MASK] sat.", top_k=most)[0]) == most
+  for bad in (0, most + 1, 2.5):
+    with pytest.raises(ValueError, match=f"top_k={bad!r} is invalid"):
+      model.fill_mask("The [MASK] sat.", top_k=bad)

@@ -206,3 +206,18 @@ def test_deberta_emd_table_survives_export_import_export(tmp_path):
   assert set(a) == set(b) and deberta.KEPT_WHOLE[0] in b
   for name in a:
     assert np.array_equal(a[name], b[name]), name
+
+
+def test_model_type_names_what_the_model_can_be_written_as(spanbert, tmp_path):
+  # SpanBERT writes as a BERT: naming that type used to be refused ("cannot
+  # be written as HF 'bert'"), and a wrong type's refusal named no type.
+  workdir, out = spanbert
+  named = str(tmp_path / "named")
+  workdir_lib.export_hf(workdir, named, model_type="bert")
+  for name in ("model.safetensors", "config.json"):
+    with open(os.path.join(out, name), "rb") as a, open(os.path.join(named, name), "rb") as b:
+      assert a.read() == b.read(), name
+  with pytest.raises(ValueError, match=r"cannot be written as HF 'xlnet'; leave "
+                     r"--model_type out to write it as 'bert'\.$"):
+    workdir_lib.export_hf(workdir, str(tmp_path / "wrong"), model_type="xlnet")
+  assert not (tmp_path / "wrong").exists()

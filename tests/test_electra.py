@@ -211,6 +211,27 @@ def test_bad_electra_fields_are_named():
     models.get_model(config)
 
 
+@pytest.mark.parametrize("fields, words", [
+    # One explicit size alone used to be ignored without a word (the
+    # fraction sized the generator), a negative one likewise.
+    (dict(generator_hidden_size=100), "must be all positive or all 0"),
+    (dict(generator_num_layers=-1), "must be all positive or all 0"),
+    # ... and heads that do not divide the width named the size table.
+    (dict(generator_num_layers=1, generator_hidden_size=64,
+          generator_num_heads=3, generator_mlp_dim=128),
+     r"generator_hidden_size=64 is not divisible by generator_num_heads=3"),
+])
+def test_explicit_generator_sizes_are_all_or_nothing(fields, words):
+  config = electra_config.get_config("tiny")
+  config.update(fields)
+  with pytest.raises(ValueError, match=words):
+    models.get_model(config)
+  config.update(generator_num_layers=1, generator_hidden_size=64,
+                generator_num_heads=2, generator_mlp_dim=128)
+  got = electra_model.generator_size(config)
+  assert (got.num_layers, got.hidden_size, got.num_heads, got.mlp_dim) == (1, 64, 2, 128)
+
+
 def _restore(config, workdir, step):
   """The train state of ``workdir``'s checkpoint at ``step``."""
   model, tx = models.get_model(config), optim.make_optimizer(config)

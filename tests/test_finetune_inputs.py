@@ -144,3 +144,140 @@ def test_bad_inputs_get_one_sentence_before_any_work(tmp_path):
     tasks_lib.load(_finetune_config("local", train_files=str(numbers),
                                     eval_files=str(numbers), task_kind="tagging"))
   assert sorted(p.name for p in tmp_path.iterdir()) == ["blocker", "numbers.csv", "words.csv"]
+
+
+def _local(tmp_path, train: str, evals: str, train_name="train.csv", eval_name="dev.csv",
+           **overrides):
+  (tmp_path / train_name).write_bytes(train.encode() if isinstance(train, str) else train)
+  (tmp_path / eval_name).write_bytes(evals.encode() if isinstance(evals, str) else evals)
+  return _finetune_config("local", train_files=str(tmp_path / train_name),
+                          eval_files=str(tmp_path / eval_name), **overrides)
+
+
+_GOOD = "sentence,label\na cat,pos\na dog,neg\n"
+
+
+@pytest.mark.parametrize("train,evals,names,message", [
+    # A short row used to become the label 'None'; a bad JSON line, a line
+    # that is not an object, a row without a column, a non-UTF-8 file, a
+    # .json that is not SQuAD, a CoNLL line without a tag: tracebacks or
+    # messages that named no file.
+    (_GOOD, "sentence,label\nfine,pos\nshort\n", ("train.csv", "dev.csv"),
+     r"dev\.csv line 3 has 1 fields where its header has 2 \(sentence, label\)"),
+    (_GOOD, '{"sentence": "a", "label": "pos"}\nnot json\n', ("train.csv", "dev.jsonl"),
+     r"dev\.jsonl line 2 is not valid JSON"),
+    (_GOOD, '{"sentence": "a", "label": "pos"}\n[1, 2]\n', ("train.csv", "dev.jsonl"),
+     r"dev\.jsonl line 2 is a JSON list, not an object"),
+    (_GOOD, '{"sentence": "a", "label": "pos"}\n{"sentence": "b"}\n', ("train.csv", "dev.jsonl"),
+     r"dev\.jsonl line 2 has no column 'label' \(it has sentence\)"),
+    (_GOOD, '{"sentence": null, "label": "pos"}\n', ("train.csv", "dev.jsonl"),
+     r"dev\.jsonl line 1 has no value \(null\) in column 'sentence'"),
+    (b"sentence,label\n\xff\xfe,pos\n", _GOOD, ("train.csv", "dev.csv"),
+     r"train\.csv is not UTF-8 text \(byte 0xff"),
+    ('{"version": "1.1"}', '{"data": []}', ("train.json", "dev.json"),
+     r"train\.json is not a SQuAD file \(no 'data'\).*\"paragraphs\""),
+    ("the\ncat B-PER\n", "cat B-PER\n", ("train.conll", "dev.conll"),
+     r"train\.conll line 1 has one column \('the'\)"),
+    # Labels: one class only, or an eval label the train files never have.
+    ("sentence,label\na,pos\nb,pos\n", _GOOD, ("train.csv", "dev.csv"),
+     r"only the label 'pos' in column 'label'.*two or more"),
+    (_GOOD, "sentence,label\nfine,pos\nodd,maybe\n", ("train.csv", "dev.csv"),
+     r"Label 'maybe' of .*dev\.csv line 3 is not among the labels of the train files"),
+    # A table for training, SQuAD for evaluation.
+    (_GOOD, json.dumps({"data": [{"paragraphs": [{"context": "a cat", "qas": [
+        {"id": "1", "question": "who?", "answers": [{"text": "cat", "answer_start": 2}]}]}]}]}),
+     ("train.csv", "dev.json"),
+     r"train_files are a table .* but --config.eval_files are SQuAD"),
+])
+def test_local_files_with_mistakes_are_named_with_their_line(tmp_path, train, evals, names,
+                                                             message):
+  config = _local(tmp_path, train, evals, *names)
+  with pytest.raises(ValueError, match=message):
+    tasks_lib.load(config)
+
+
+def test_local_tables_read_as_users_write_them(tmp_path):
+  # Excel's UTF-8 byte-order mark used to stick to the first column's name.
+  bom = "\ufeff" + "sentence,label\nGrüße,pos\nno,neg\n"
+  task = tasks_lib.load(_local(tmp_path, bom, _GOOD))
+  assert [ex["text_a"] for ex in task.train] == ["Grüße", "no"]
+  # A .tsv text that starts with a quote mark kept swallowing the lines after
+  # it (csv quoting); GLUE's files and BERT's reader use none.
+  rows = ['"quoted\tpos', "plain\tneg", 'a "b" c\tpos', "last\tneg"]
+  tsv = "sentence\tlabel\n" + "\n".join(rows) + "\n"
+  task = tasks_lib.load(_local(tmp_path, tsv, tsv, "train.tsv", "dev.tsv"))
+  assert [ex["text_a"] for ex in task.train] == [r.split("\t")[0] for r in rows]
+  assert task.label_names == ("neg", "pos")
+  assert [ex["label"] for ex in task.eval] == [1, 0, 1, 0]
+  with pytest.raises(ValueError, match="label_names lists 'pos' twice"):
+    tasks_lib.load(_local(tmp_path, _GOOD, _GOOD, label_names="pos,neg,pos"))
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("seq_len", 0, "at least 8"),  # IndexError before
+    ("learning_rate", -1.0, "must not be negative"),  # trained uphill before
+    ("checkpoint_every_steps", 0, "positive integer"),  # ZeroDivisionError
+    ("log_every_steps", 0, "positive integer"),
+    ("keep_checkpoints", 0, "positive integer"),  # kept no checkpoint to resume
+    ("max_train_examples", -3, "must not be negative"),  # silently dropped 3 rows
+    ("head_dropout", 1.5, r"in \[0, 1\)"),
+    ("seed", -1, "must not be negative"),  # a ValueError of numpy's mid-run
+    ("doc_stride", 0, "positive integer"),
+])
+def test_bad_config_values_are_refused_before_any_work(tmp_path, field, value, message):
+  config = _finetune_config("coherence", **{field: value})
+  workdir = tmp_path / "ft"
+  with pytest.raises(ValueError, match=rf"^config\.{field}={value!r} is invalid: .*{message}"):
+    loop.run(config, str(tmp_path / "no-such-init"), str(workdir))
+  assert not workdir.exists()
+
+
+def test_a_main_metric_the_task_lacks_is_refused_before_the_init_is_read(tmp_path):
+  # It used to be a KeyError after the first epoch's training.
+  config = _local(tmp_path, _GOOD, _GOOD, main_metric="acc")
+  with pytest.raises(ValueError, match="main_metric='acc' is not a metric of this "
+                                       "classification task.*accuracy, matthews_corr, f1"):
+    loop.run(config, str(tmp_path / "no-such-init"), str(tmp_path / "ft"))
+  assert not (tmp_path / "ft").exists()
+
+
+def test_too_few_epochs_for_one_step_and_the_direction_of_the_best_metric():
+  from bertjax.finetune import checks
+  config = _finetune_config("coherence", batch_size=8, num_epochs=0.1)
+  # 32 rows of 8: 4 steps an epoch, a tenth of which used to be 0 steps and
+  # a TypeError at the end.
+  with pytest.raises(ValueError, match="num_epochs 0.1 of 4 steps per epoch is no step"):
+    checks.check_steps(config, 32)
+  config.num_epochs = 0.25
+  checks.check_steps(config, 32)
+  # The best checkpoint minimises its loss: the main metric, negated unless
+  # lower is better (mse used to keep the worst epoch).
+  cfg = _finetune_config("coherence", main_metric="mse")
+  assert loop._best_loss(cfg, {"mse": 1.0}) < loop._best_loss(cfg, {"mse": 2.0})
+  cfg.main_metric = "pearson"
+  assert loop._best_loss(cfg, {"pearson": 0.9}) < loop._best_loss(cfg, {"pearson": 0.1})
+
+
+def test_one_run_per_workdir_and_a_killed_runs_rows_are_redone_once(inits, tmp_path):
+  from bertjax import workdir_lock
+  path, workdir = inits(2), tmp_path / "ft"
+  cfg = lambda: _finetune_config("coherence", **_TINY)
+  workdir.mkdir()
+  # A second run on a workdir in use used to train beside the first.
+  with workdir_lock.WorkdirLock(str(workdir)):
+    with pytest.raises(ValueError, match=r"Another bertjax run .* is training in the workdir"):
+      loop.run(cfg(), path, str(workdir))
+  assert not (workdir / "checkpoints").exists()
+
+  def steps():
+    rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["task_loss"]) for r in rows if "task_loss" in r]
+
+  # What a run killed before its first checkpoint logged, and what one killed
+  # after the checkpoint of step 1 logged past it: both redone, so dropped.
+  (workdir / "metrics.jsonl").write_text('{"step": 1, "task_loss": 99.0}\n')
+  assert loop.run(cfg(), path, str(workdir), stop_at_step=1) is None
+  with open(workdir / "metrics.jsonl", "a") as f:
+    f.write('{"step": 2, "task_loss": 99.0}\n')
+  assert loop.run(cfg(), path, str(workdir))["step"] == 2
+  assert [s for s, _ in steps()] == [1, 2] and 99.0 not in [l for _, l in steps()]

@@ -228,13 +228,19 @@ def test_best_checkpoint_by_held_out_loss_is_kept_apart(tmp_path, demo_config,
   built, real_make = [], evaluation.make_eval_step
   monkeypatch.setattr(evaluation, "make_eval_step",
                       lambda *a: built.append(real_make(*a)) or built[-1])
-  train.train_and_evaluate(config, str(tmp_path))
-  # Four evaluations (steps 4, 8, 12 and the final one) through one eval
-  # step, traced and compiled once.
+  calls, real_evaluate = [], evaluation.evaluate_params
+  monkeypatch.setattr(evaluation, "evaluate_params",
+                      lambda *a, **k: calls.append(1) or real_evaluate(*a, **k))
+  final = train.train_and_evaluate(config, str(tmp_path))
+  # Three evaluations (steps 4, 8 and 12, the last step's being the final
+  # one: it used to run twice and log step 12 twice) through one eval step,
+  # traced and compiled once.
   assert len(built) == 1 and built[0]._cache_size() == 1
-  evals = {r["step"]: r["eval_loss"] for r in read_metrics(str(tmp_path))
-           if "eval_loss" in r and r["step"] in (4, 8, 12)}
-  assert sorted(evals) == [4, 8, 12]
+  assert len(calls) == 3
+  rows = [r for r in read_metrics(str(tmp_path)) if "eval_loss" in r]
+  assert [r["step"] for r in rows] == [4, 8, 12]
+  assert final["step"] == 12 and final["loss"] == pytest.approx(rows[-1]["eval_loss"])
+  evals = {r["step"]: r["eval_loss"] for r in rows}
   best_step = min(evals, key=evals.get)
   with open(tmp_path / "best_checkpoint" / "best.json") as f:
     best = json.load(f)

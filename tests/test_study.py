@@ -163,6 +163,19 @@ def test_bad_input_is_refused_before_training(demo_data, tmp_path):
   with pytest.raises(ValueError, match="doc_stride 32 must be between 1 and the 12"):
     core.run({"bert": configs["bert"]}, 4 * per_step, str(tmp_path / "a"), points=2,
              tasks=["cloze_qa"], finetune_overrides=["seq_len=64", "max_query_tokens=48"])
+  # Fine-tuning values are checked before any pretraining too (epochs 0 and
+  # a metric the task lacks used to fail after it), and the fix names this
+  # binary's flags, not bertjax.finetune's --config.
+  for overrides, epochs, message in (
+      ([], 0.0, r"^coherence: num_epochs 0.0 must be positive; fix --finetune_epochs\.$"),
+      (["main_metric=acc"], None, r"^coherence: .*main_metric='acc'.* set --finetune_set="),
+      (["learning_rate=-1"], None, r"set --finetune_set=learning_rate=\.\.\. accordingly"),
+      (["seq_lenn=64"], None, r"did you mean --finetune_set=seq_len=\.\.\.\?$")):
+    with pytest.raises(ValueError, match=message):
+      core.run({"bert": configs["bert"]}, 4 * per_step, str(tmp_path / "a"), points=2,
+               tasks=["coherence"], finetune_overrides=overrides, finetune_epochs=epochs)
+  with pytest.raises(ValueError, match="'finetune', a fine-tuning config.*--tasks"):
+    core.load_configs(["finetune"], "tiny")
   assert not (tmp_path / "a").exists()
   (tmp_path / "afile").write_text("mine")
   with pytest.raises(ValueError, match=r"--workdir=.*afile is a file"):

@@ -44,7 +44,124 @@ def test_a_batch_the_devices_cannot_split_is_refused_before_any_data(demo_config
   config = demo_config.copy_and_resolve_references()
   config.batch_size = 12
   with pytest.raises(ValueError, match=r"config\.batch_size=12 is invalid: "
-                     r".*8 data-parallel devices"):
+                     r".*8 data-parallel devices") as error:
     config_validation.validate(config)
+  # The refusal names a batch size that works (the next multiple).
+  assert str(error.value).endswith("e.g. --config.batch_size=16.")
   config.batch_size = 16
   config_validation.validate(config)
+  config.microbatches = 3
+  with pytest.raises(ValueError, match=r"a multiple of 24, e\.g\. --config\.batch_size=24\.$"):
+    config_validation.validate(config)
+  config.batch_size = 24
+  config_validation.validate(config)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("learning_rate", float("nan")), ("adam_b2", 1.5), ("adam_b1", -0.1),
+    ("adam_eps", 0.0), ("weight_decay", -1.0), ("grad_clip_norm", -1.0),
+    ("grad_clip_norm", 0.0), ("dropout_rate", 1.5),
+    ("attention_dropout_rate", -0.1), ("eval_max_batches", -1),
+    ("eval_every_steps", -5), ("seed", -1)])
+def test_optimizer_and_loop_numbers_that_would_train_wrongly_are_refused(
+    demo_config, field, value):
+  # Each of these used to train: NaN from step 1 or 2 (lr NaN, eps 0, dropout
+  # 1.5), gradient ascent (clip -1), a frozen model (clip 0), an evaluation
+  # that silently left out a batch (eval_max_batches -1), or a bare numpy
+  # message naming no field (seed -1).
+  config = demo_config.copy_and_resolve_references()
+  config[field] = value
+  with pytest.raises(ValueError, match=rf"^config\.{field}=.* is invalid: .*"
+                     rf"--config\.{field}="):
+    config_validation.validate(config)
+
+
+@pytest.mark.parametrize("name, field, value, words", [
+    ("albert", "embedding_size", 0, "embedding_size=0 must be positive"),
+    ("albert", "layer_sharing", "some", "Unknown layer_sharing"),
+    ("spanbert", "span_geometric_p", 0.0, "span_geometric_p=0.0"),
+    ("ernie", "ernie_level_rates", "0.5,0.5", "ernie_level_rates="),
+    ("ernie", "ernie_gazetteer", "/nonexistent/names.txt", "Gazetteer .* does not exist"),
+    ("ernie", "ernie_phrase_min_pmi", float("nan"), r"ernie_phrase_min_pmi=nan is invalid"),
+    ("ernie", "knowledge_fit_documents", 0, r"knowledge_fit_documents=0 is invalid"),
+    ("deberta", "pos_att_type", "c2x", "pos_att_type"),
+    ("unilm", "unilm_mask_rates", (0.5, 0.5), "unilm_mask_rates="),
+    ("xlnet", "partial_prediction_k", 0, "partial_prediction_k=0"),
+])
+def test_a_variant_field_is_refused_before_the_workdir_is_touched(
+    tmp_path, name, field, value, words):
+  # These were checked only when the model and objective were built, after
+  # the corpus had been prepared into the workdir and checkpoints/ created.
+  from bertjax import train
+  config = config_files.load(f"{name}:tiny")
+  config[field] = value
+  with pytest.raises(ValueError, match=words):
+    config_validation.validate(config)
+  workdir = tmp_path / "run"
+  with pytest.raises(ValueError, match=words):
+    train.train_and_evaluate(config, str(workdir))
+  assert not workdir.exists() or not any(workdir.iterdir())
+
+
+def test_an_objective_on_another_systems_config_names_the_missing_field(tmp_path):
+  # --config.objective=albert on BERT's config raised AttributeError
+  # 'sop_swap_rate' from inside the objective.
+  from bertjax import train
+  config = config_files.load("bert:tiny")
+  config.objective = "albert"
+  words = (r"^config.objective='albert' needs the config field 'sop_swap_rate', which "
+           r"this config does not have; start from .*configs/albert.py:tiny")
+  with pytest.raises(ValueError, match=words):
+    config_validation.validate(config)
+  workdir = tmp_path / "run"
+  with pytest.raises(ValueError, match=words):
+    train.train_and_evaluate(config, str(workdir))
+  assert not workdir.exists() or not any(workdir.iterdir())
+
+
+def test_evaluate_refuses_top_k_zero_before_reading_the_workdir(tmp_path):
+  # --top_k=0 printed empty fillings; now refused before the checkpoint is
+  # read (here there is none: the refusal must come first).
+  import subprocess
+  import sys
+  proc = subprocess.run(
+      [sys.executable, "-m", "bertjax.evaluate", f"--workdir={tmp_path / 'none'}",
+       "--fill_mask=The [MASK] sat.", "--top_k=0"],
+      capture_output=True, text=True, timeout=300, cwd=tmp_path,
+      env={**__import__("os").environ, "JAX_PLATFORMS": "cpu"})
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr
+  assert proc.stderr.strip().splitlines()[-1].startswith("error: --top_k=0 is invalid")
+
+
+@pytest.mark.parametrize("name", ["bert:base", "xlnet:base"])
+def test_a_shorter_seq_len_is_told_a_slot_count_that_works(name):
+  # An import's (or a paper size's) slots follow its 512 positions; the
+  # refusal of a shorter seq_len names a value, and that value is accepted.
+  import re
+  config = config_files.load(name)
+  config.seq_len = 64
+  config.batch_size = 8
+  with pytest.raises(ValueError, match=r"between 1 and seq_len \(64\)") as error:
+    config_validation.validate(config)
+  slots = int(re.search(r"--config\.max_predictions_per_seq=(\d+)",
+                        str(error.value)).group(1))
+  assert 1 <= slots <= 64
+  config.max_predictions_per_seq = slots
+  config_validation.validate(config)
+
+
+def test_a_directory_named_like_a_config_does_not_hide_the_shipped_one(
+    tmp_path, monkeypatch):
+  # `--config=bert:tiny --workdir=bert`, run twice from the same directory:
+  # the second run read the workdir ./bert as the config file
+  # ("[Errno 21] Is a directory: 'bert'").
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "bert").mkdir()
+  (tmp_path / "configs" / "roberta.py").mkdir(parents=True)
+  assert config_files.load("bert:tiny").model_size == "tiny"
+  assert config_files.load("configs/roberta.py:tiny").objective == (
+      config_files.shipped("roberta").get_config("tiny").objective)
+  (tmp_path / "mine.py").mkdir()
+  with pytest.raises(ValueError, match=r"No config file 'mine\.py' here"):
+    config_files.load("mine.py:tiny")

@@ -344,10 +344,18 @@ def export_hf(workdir: str, out_dir: str, step: int | None = None,
   if model_type:
     dims["hf_model_type"] = model_type
   mapping = convert.mapping_for_config(dims)
+  if mapping.BERTJAX_MODEL != dims["model"] and model_type == convert.mapping_for_model(
+      dims["model"]).MODEL_TYPE:  # SpanBERT named as the BERT it is written as
+    mapping = convert.mapping_for_model(dims["model"])
   if mapping.BERTJAX_MODEL != dims["model"]:
+    default = convert.mapping_for_model(dims["model"]).MODEL_TYPE
+    fits = [t for t in convert.ARCHITECTURES
+            if convert.mapping_for_hf(t).BERTJAX_MODEL == dims["model"]]
+    choice = f"pass --model_type={' or '.join(fits)}, or " if fits else ""
     raise ValueError(
         f"A bertjax {dims['model']!r} model cannot be written as HF "
-        f"{mapping.MODEL_TYPE!r}; pass --model_type for a {dims['model']} mapping.")
+        f"{mapping.MODEL_TYPE!r}; {choice}leave --model_type out to write it "
+        f"as {default!r}.")
   special = config.get("hf_special_ids")
   pad_id = special[0] if special else batch_lib.PAD_ID
   if hasattr(mapping, "fold_params"):  # e.g. DeBERTa-v3's embedding delta

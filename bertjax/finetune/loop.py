@@ -49,11 +49,11 @@ from bertjax import compat
 from bertjax import guards
 from bertjax import metrics as metrics_lib
 from bertjax import optim
-from bertjax import paths
 from bertjax import sharding
 from bertjax import state as state_lib
 from bertjax import train
 from bertjax import workdir_lock
+from bertjax.finetune import checks
 from bertjax.finetune import encoder_init
 from bertjax.finetune import features as features_lib
 from bertjax.finetune import metrics as task_metrics
@@ -154,9 +154,7 @@ def run_config(config, task: tasks_lib.Task, num_train: int) -> ml_collections.C
   if c.batch_size < 1 or c.batch_size % jax.process_count():
     raise ValueError(f"batch_size {c.batch_size} must be a positive multiple of the "
                      f"{jax.process_count()} hosts; fix --config.batch_size.")
-  if num_train < c.batch_size:
-    raise ValueError(f"The task has {num_train} training rows, fewer than one batch of "
-                     f"{c.batch_size}; lower --config.batch_size.")
+  checks.check_steps(c, num_train)
   c.task_kind = task.kind
   c.num_labels = task.num_outputs
   c.steps_per_epoch = num_train // c.batch_size
@@ -165,38 +163,15 @@ def run_config(config, task: tasks_lib.Task, num_train: int) -> ml_collections.C
   c.max_predictions_per_seq = 1
   if not c.main_metric:
     c.main_metric = MAIN_METRIC[task.kind]
+  checks.check_main_metric(c.main_metric, task.kind, task.num_outputs)
   return c
 
 
-def _check(config) -> None:
-  if "task" not in config or "num_epochs" not in config:
-    raise ValueError(
-        "--config is not a fine-tuning config (it has no 'task' or 'num_epochs'; a "
-        "pretraining config such as configs/bert.py:tiny is for bertjax.main); pass "
-        "--config=configs/finetune.py:<task>, e.g. configs/finetune.py:coherence.")
-  if config.num_epochs <= 0:
-    raise ValueError(f"num_epochs {config.num_epochs} must be positive; fix --config.num_epochs.")
-  if not 0.0 < config.layer_decay <= 1.0:
-    raise ValueError(f"layer_decay {config.layer_decay} must be in (0, 1]; 1 turns it off.")
-  if not 0.0 <= config.warmup_fraction < 1.0:
-    raise ValueError(f"warmup_fraction {config.warmup_fraction} must be in [0, 1).")
-  if config.get("nonfinite", "stop") not in guards.NONFINITE_MODES:
-    raise ValueError(f"config.nonfinite={config.nonfinite!r} is invalid; set "
-                     f"--config.nonfinite to one of {', '.join(guards.NONFINITE_MODES)}.")
-  if config.pooling not in heads.POOLINGS:
-    raise ValueError(f"Unknown pooling {config.pooling!r}; set --config.pooling to one of "
-                     f"{', '.join(heads.POOLINGS)}.")
-
-
-def _check_directories(config, workdir: str) -> None:
-  """A file where a directory flag points is refused before any work."""
-  if not workdir:
-    raise ValueError("No --workdir; pass a directory for checkpoints and metrics.")
-  paths.require_directory(workdir, "--workdir")
-  paths.require_bucket(workdir, "--workdir")
-  workdir_lock.check_writable(paths.absolute(workdir))
-  if config.get("tfds_data_dir"):
-    paths.require_directory(config.tfds_data_dir, "--config.tfds_data_dir")
+def _best_loss(cfg, record: dict[str, Any]) -> float:
+  """What ``checkpointing.BestCheckpoint`` minimises: the main metric,
+  negated unless lower is better (mse)."""
+  value = float(record[cfg.main_metric])
+  return value if cfg.main_metric in task_metrics.LOWER_IS_BETTER else -value
 
 
 def _restore(checkpointer, abstract, shardings, accept, init: str, workdir: str):
@@ -317,11 +292,13 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
     guards.Preempted: SIGTERM or Ctrl-C came; a checkpoint of the step it
       came at was saved (``bertjax.finetune`` prints it and exits 75 or 130).
   """
-  _check(config)
-  _check_directories(config, workdir)
+  checks.check_config(config)
+  checks.check_directories(config, workdir)
   # The task's files are read before the init's weights: bad task input is
   # refused before anything is loaded onto a device.
   task = tasks_lib.load(config)
+  if config.main_metric:
+    checks.check_main_metric(config.main_metric, task.kind, task.num_outputs)
   if config.max_train_examples:
     task.train = task.train[:config.max_train_examples]
   if config.max_eval_examples:
@@ -339,9 +316,24 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
   train_feats = features_lib.build(encoder, task, task.train, config)
   eval_feats = features_lib.build(encoder, task, task.eval, config)
   cfg = run_config(config, task, len(train_feats["tokens"]))
-  workdir_path = epath.Path(workdir)
   workdir = os.path.abspath(workdir) if "://" not in workdir else workdir
+  newest = checkpointing.newest_saved_config(workdir)
+  if newest is not None:  # read-only: a refusal leaves the workdir as it was
+    compat.check(newest[1], cfg, newest[2])
+  # One run per workdir, as in pretraining: a second one is refused.
+  lock = workdir_lock.hold(workdir, jax.process_index())
+  try:
+    return _run_held(cfg, task, fields, loaded, tokenizer, train_feats, eval_feats,
+                     init, init_record, workdir, stop_at_step)
+  finally:
+    if lock is not None:
+      lock.release()
 
+
+def _run_held(cfg, task, fields, loaded, tokenizer, train_feats, eval_feats, init: str,
+              init_record: dict[str, Any], workdir: str, stop_at_step: int | None):
+  """``run`` once its inputs are read and checked and the workdir is held."""
+  workdir_path = epath.Path(workdir)
   from bertjax.convert import core
   model = heads.build(core.build_model(fields), "sequence" if task.kind in (
       "classification", "regression") else ("token" if task.kind == "tagging" else "span"),
@@ -379,7 +371,9 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
   nonfinite = guards.NonFiniteGuard(cfg.get("nonfinite", "stop"),
                                     cfg.get("max_consecutive_skips", 10))
   rng = jax.random.key(cfg.seed)
-  writer = metrics_lib.MetricWriter(workdir)
+  # Rows a killed run logged after the step resumed from (all of them, when
+  # it saved no checkpoint) are dropped: those steps are about to be redone.
+  writer = metrics_lib.MetricWriter(workdir, resumed_at=step)
   best = checkpointing.BestCheckpoint(workdir)
   last = cfg.num_train_steps if stop_at_step is None else min(stop_at_step, cfg.num_train_steps)
   record, acc, t0, s0 = None, None, time.time(), step
@@ -398,7 +392,7 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
       if _epoch_end_unevaluated(cfg, step, workdir_path):  # stopped there before
         record = evaluate(cfg, task, predict_fn, state.params, eval_feats, mesh, step,
                           workdir_path, writer)
-        best.offer(step, -record[cfg.main_metric], state, it.get_state(), cfg, fingerprint)
+        best.offer(step, _best_loss(cfg, record), state, it.get_state(), cfg, fingerprint)
       while step < last:
         batch = _device_batch(train_feats, task.kind, it.next_indices())
         state, m = step_fn(state, train.to_global(batch, mesh), rng)
@@ -433,7 +427,7 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
         if epoch_end:
           record = evaluate(cfg, task, predict_fn, state.params, eval_feats, mesh, step,
                             workdir_path, writer)
-          best.offer(step, -record[cfg.main_metric], state, it.get_state(), cfg, fingerprint)
+          best.offer(step, _best_loss(cfg, record), state, it.get_state(), cfg, fingerprint)
       check_previous()
   finally:
     preemption.close()
@@ -447,7 +441,8 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
     record = evaluate(cfg, task, predict_fn, state.params, eval_feats, mesh, step,
                       workdir_path, None)
   record["skipped_steps"] = nonfinite.total
-  record["best"] = {"step": best.best["step"], cfg.main_metric: -best.best["loss"]}
+  sign = 1.0 if cfg.main_metric in task_metrics.LOWER_IS_BETTER else -1.0
+  record["best"] = {"step": best.best["step"], cfg.main_metric: sign * best.best["loss"]}
   print(json.dumps(record), flush=True)
   return record
 

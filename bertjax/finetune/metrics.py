@@ -18,6 +18,22 @@ from typing import Sequence
 
 import numpy as np
 
+# Metrics where lower is better; the best checkpoint minimises these.
+LOWER_IS_BETTER = frozenset({"mse"})
+
+
+def names(kind: str, num_classes: int = 2) -> tuple[str, ...]:
+  """The metrics an evaluation of a task of ``kind`` reports (what
+  ``config.main_metric`` may name)."""
+  return {
+      "classification": ("accuracy", "matthews_corr",
+                         "f1" if num_classes == 2 else "macro_f1"),
+      "regression": ("pearson", "spearman", "mse"),
+      "tagging": ("entity_f1", "entity_precision", "entity_recall", "token_accuracy"),
+      "qa": ("exact_match", "f1"),
+  }[kind]
+
+
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
 _PUNCTUATION = frozenset(string.punctuation)
 

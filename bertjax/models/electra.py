@@ -66,13 +66,28 @@ def generator_size(config: Any) -> sizes.Size:
   discriminator's.
 
   Raises:
-    ValueError: for a fraction outside (0, 1].
+    ValueError: for a fraction outside (0, 1], explicit sizes given only in
+      part or negative, or a hidden size the heads do not divide.
   """
   disc = sizes.resolve(config)
   explicit = ("generator_num_layers", "generator_hidden_size",
               "generator_num_heads", "generator_mlp_dim")
-  if all(config.get(f) for f in explicit):
-    return sizes.Size(*(int(config.get(f)) for f in explicit))
+  values = {f: int(config.get(f) or 0) for f in explicit}
+  set_ = [f for f in explicit if values[f]]
+  if any(v < 0 for v in values.values()) or 0 < len(set_) < len(explicit):
+    given = ", ".join(f"{f}={v}" for f, v in values.items())
+    raise ValueError(
+        f"The explicit generator sizes ({given}) must be all positive or all 0; "
+        f"set --config.{' --config.'.join(f'{f}=...' for f in explicit)} "
+        "together, or all to 0 to size the generator by "
+        "--config.generator_hidden_fraction.")
+  if set_:
+    if values["generator_hidden_size"] % values["generator_num_heads"]:
+      raise ValueError(
+          f"generator_hidden_size={values['generator_hidden_size']} is not "
+          f"divisible by generator_num_heads={values['generator_num_heads']}; "
+          "set --config.generator_num_heads to a divisor of it.")
+    return sizes.Size(*(values[f] for f in explicit))
   fraction = float(config.get("generator_hidden_fraction", 0.25))
   if not 0.0 < fraction <= 1.0:
     raise ValueError(

@@ -36,6 +36,7 @@ import hashlib
 import json
 import math
 import os
+import re
 from typing import Any, Mapping, Sequence
 
 import ml_collections
@@ -136,13 +137,14 @@ def plan_difference(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> 
   return None
 
 
-def parse_value(config, field: str, text: str):
-  """``text`` as the type of ``config``'s ``field`` (dotted paths allowed).
+def parse_value(config, field: str, text: str, flag: str = "--set"):
+  """``text`` as the type of ``config``'s ``field`` (dotted paths allowed);
+  ``flag`` is the command-line flag that set it, for the messages.
 
   Raises:
     ValueError: the config has no such field, or the text is not of its type.
   """
-  set_flag = lambda f: f"--set={f}=..."  # noqa: E731
+  set_flag = lambda f: f"{flag}={f}=..."  # noqa: E731
   unknown = cli.unknown_field(config, field, suggestion=set_flag,
                               setting=set_flag, hint="")
   if unknown:
@@ -175,14 +177,15 @@ def parse_value(config, field: str, text: str):
                      "value given to --set/--finetune_set.") from None
 
 
-def apply_overrides(config, overrides: Sequence[str]):
-  """Sets each ``FIELD=VALUE`` of ``overrides`` on ``config`` (in place)."""
+def apply_overrides(config, overrides: Sequence[str], flag: str = "--set"):
+  """Sets each ``FIELD=VALUE`` of ``overrides`` (given with ``flag``) on
+  ``config`` (in place)."""
   for item in overrides:
     field, sep, text = item.partition("=")
     if not sep or not field:
       raise ValueError(f"Override {item!r} is not FIELD=VALUE; write e.g. "
-                       "--set=seq_len=64.")
-    value = parse_value(config, field, text)
+                       f"{flag}=seq_len=64.")
+    value = parse_value(config, field, text, flag)
     node = config
     for part in field.split(".")[:-1]:
       node = node[part]
@@ -204,6 +207,10 @@ def load_configs(names: Sequence[str], size: str,
     if label in loaded:
       raise ValueError(f"--configs names {label!r} twice; name each objective once.")
     loaded[label] = config_files.load(f"{path}:{size}")
+    if "task" in loaded[label] and "objective" not in loaded[label]:
+      raise ValueError(f"--configs names {name!r}, a fine-tuning config; name pretraining "
+                       "configs (e.g. --configs=bert,roberta) and the fine-tuning tasks "
+                       "with --tasks.")
   _check_shared_fields(loaded, overrides)
   return {label: apply_overrides(config, overrides) for label, config in loaded.items()}
 
@@ -270,15 +277,31 @@ def finetune_config(task: str, overrides: Sequence[str] = (),
   config = config_files.shipped("finetune").get_config(task)
   if epochs is not None:
     config.num_epochs = float(epochs)
-  return apply_overrides(config, overrides)
+  return apply_overrides(config, overrides, "--finetune_set")
+
+
+def _study_flags(message: str) -> str:
+  """A fine-tuning message with its fix spelt in this binary's flags."""
+  message = message.replace("--config.num_epochs", "--finetune_epochs").replace(
+      "--config=configs/finetune.py:<task>", "--tasks")
+  return re.sub(r"--config\.(\w+)", r"--finetune_set=\1", message)
 
 
 def _check_tasks(tasks: Sequence[str], overrides: Sequence[str], epochs) -> None:
-  """Loads every task once, so bad task input fails before any training."""
+  """Checks every task's config and loads the task once, so bad fine-tuning
+  input fails before any training."""
+  from bertjax.finetune import checks
   from bertjax.finetune import tasks as tasks_lib
   for task in tasks:
     config = finetune_config(task, overrides, epochs)
-    if tasks_lib.load(config).kind == "qa":
+    try:
+      checks.check_config(config)
+      loaded = tasks_lib.load(config)
+      if config.main_metric:
+        checks.check_main_metric(config.main_metric, loaded.kind, loaded.num_outputs)
+    except ValueError as e:
+      raise ValueError(f"{task}: {_study_flags(str(e))}") from None
+    if loaded.kind == "qa":
       # The longest question leaves seq_len - max_query_tokens - 4 context
       # tokens a window ([CLS] and up to three separators).
       room = config.seq_len - config.max_query_tokens - 4

@@ -1,0 +1,100 @@
+"""Checks of a fine-tuning run's config and directories, before any work.
+
+Each check raises ValueError with one sentence naming the field and the fix,
+before the task's files or the init's weights are read (``check_config``,
+``check_directories``) or, for what depends on the task (its metrics, its
+number of steps), right after the task's files are read and before the init
+is loaded (``check_main_metric``, ``check_steps``).
+"""
+
+from __future__ import annotations
+
+from bertjax import guards
+from bertjax import paths
+from bertjax import workdir_lock
+from bertjax.finetune import metrics as task_metrics
+from bertjax.models import heads
+
+# The shortest row: [CLS], a token or two of each text and the separators.
+MIN_SEQ_LEN = 8
+
+
+def _fail(field: str, value, want: str) -> None:
+  raise ValueError(f"config.{field}={value!r} is invalid: {want}; set "
+                   f"--config.{field}=... accordingly.")
+
+
+def check_config(config) -> None:
+  """Range and choice checks on the fields the fine-tuning loop relies on."""
+  if "task" not in config or "num_epochs" not in config:
+    raise ValueError(
+        "--config is not a fine-tuning config (it has no 'task' or 'num_epochs'; a "
+        "pretraining config such as configs/bert.py:tiny is for bertjax.main); pass "
+        "--config=configs/finetune.py:<task>, e.g. configs/finetune.py:coherence.")
+  if config.num_epochs <= 0:
+    raise ValueError(f"num_epochs {config.num_epochs} must be positive; fix --config.num_epochs.")
+  if not 0.0 < config.layer_decay <= 1.0:
+    raise ValueError(f"layer_decay {config.layer_decay} must be in (0, 1]; 1 turns it off.")
+  if not 0.0 <= config.warmup_fraction < 1.0:
+    raise ValueError(f"warmup_fraction {config.warmup_fraction} must be in [0, 1).")
+  if config.get("nonfinite", "stop") not in guards.NONFINITE_MODES:
+    raise ValueError(f"config.nonfinite={config.nonfinite!r} is invalid; set "
+                     f"--config.nonfinite to one of {', '.join(guards.NONFINITE_MODES)}.")
+  if config.pooling not in heads.POOLINGS:
+    raise ValueError(f"Unknown pooling {config.pooling!r}; set --config.pooling to one of "
+                     f"{', '.join(heads.POOLINGS)}.")
+  for field in ("batch_size", "log_every_steps", "checkpoint_every_steps",
+                "keep_checkpoints", "max_consecutive_skips", "doc_stride",
+                "max_query_tokens", "max_answer_tokens"):
+    if field in config and int(config[field]) < 1:
+      _fail(field, config[field], "it must be a positive integer")
+  for field in ("max_train_examples", "max_eval_examples", "max_answer_words"):
+    if field in config and int(config[field]) < 0:
+      _fail(field, config[field], "it must not be negative (0 = no limit)")
+  if int(config.seed) < 0:
+    _fail("seed", config.seed, "it must not be negative")
+  if config.seq_len < MIN_SEQ_LEN:
+    _fail("seq_len", config.seq_len, f"it must be at least {MIN_SEQ_LEN} (and at most "
+          "the encoder's position table)")
+  # 0 is allowed: a head trained at rate 0 is the untrained baseline.
+  if config.learning_rate < 0:
+    _fail("learning_rate", config.learning_rate, "it must not be negative")
+  if not 0.0 <= config.head_dropout < 1.0:
+    _fail("head_dropout", config.head_dropout, "it must be in [0, 1)")
+  import jax
+  from bertjax import sharding
+  sharding.parse_mesh_shape(config.mesh_shape, jax.device_count())
+
+
+def check_directories(config, workdir: str) -> None:
+  """A file where a directory flag points is refused before any work."""
+  if not workdir:
+    raise ValueError("No --workdir; pass a directory for checkpoints and metrics.")
+  paths.require_directory(workdir, "--workdir")
+  paths.require_bucket(workdir, "--workdir")
+  workdir_lock.check_writable(paths.absolute(workdir))
+  if config.get("tfds_data_dir"):
+    paths.require_directory(config.tfds_data_dir, "--config.tfds_data_dir")
+
+
+def check_main_metric(main_metric: str, kind: str, num_labels: int) -> None:
+  """``main_metric`` must be one the task's evaluation reports (the best
+  checkpoint is chosen by it), checked before any training step."""
+  names = task_metrics.names(kind, num_labels)
+  if main_metric not in names:
+    raise ValueError(f"config.main_metric={main_metric!r} is not a metric of this "
+                     f"{kind} task; set --config.main_metric to one of "
+                     f"{', '.join(names)} (or '' for the task's own).")
+
+
+def check_steps(config, num_train: int) -> None:
+  """At least one batch, and at least one step in all."""
+  if num_train < config.batch_size:
+    raise ValueError(f"The task has {num_train} training rows, fewer than one batch of "
+                     f"{config.batch_size}; lower --config.batch_size.")
+  steps = int(round(config.num_epochs * (num_train // config.batch_size)))
+  if steps < 1:
+    raise ValueError(
+        f"num_epochs {config.num_epochs} of {num_train // config.batch_size} steps per "
+        "epoch is no step at all; raise --config.num_epochs (or lower "
+        "--config.batch_size).")
