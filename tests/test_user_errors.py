@@ -92,12 +92,15 @@ def test_a_variant_field_is_refused_before_the_workdir_is_touched(
     tmp_path, name, field, value, words):
   # These were checked only when the model and objective were built, after
   # the corpus had been prepared into the workdir and checkpoints/ created.
-  from bertjax import train
   config = config_files.load(f"{name}:tiny")
   config[field] = value
+  _refused_before_the_workdir(config, words, tmp_path / "run")
+
+
+def _refused_before_the_workdir(config, words, workdir):
+  from bertjax import train
   with pytest.raises(ValueError, match=words):
     config_validation.validate(config)
-  workdir = tmp_path / "run"
   with pytest.raises(ValueError, match=words):
     train.train_and_evaluate(config, str(workdir))
   assert not workdir.exists() or not any(workdir.iterdir())
@@ -106,17 +109,12 @@ def test_a_variant_field_is_refused_before_the_workdir_is_touched(
 def test_an_objective_on_another_systems_config_names_the_missing_field(tmp_path):
   # --config.objective=albert on BERT's config raised AttributeError
   # 'sop_swap_rate' from inside the objective.
-  from bertjax import train
   config = config_files.load("bert:tiny")
   config.objective = "albert"
-  words = (r"^config.objective='albert' needs the config field 'sop_swap_rate', which "
-           r"this config does not have; start from .*configs/albert.py:tiny")
-  with pytest.raises(ValueError, match=words):
-    config_validation.validate(config)
-  workdir = tmp_path / "run"
-  with pytest.raises(ValueError, match=words):
-    train.train_and_evaluate(config, str(workdir))
-  assert not workdir.exists() or not any(workdir.iterdir())
+  _refused_before_the_workdir(
+      config, r"^config.objective='albert' needs the config field 'sop_swap_rate', "
+      r"which this config does not have; start from .*configs/albert.py:tiny",
+      tmp_path / "run")
 
 
 def test_evaluate_refuses_top_k_zero_before_reading_the_workdir(tmp_path):
