@@ -289,6 +289,12 @@ class Model:
           "discriminator tells original from replaced tokens and has no MLM "
           "head to fill masks with; fill masks with a masked-LM checkpoint "
           "(BERT, RoBERTa, ALBERT, DeBERTa, ...).")
+    if self.config.get("model") == "xlnet":
+      raise ValueError(
+          "This is an XLNet checkpoint: it predicts tokens from its query stream "
+          "over a permutation and never saw [MASK] in its input, so its guesses "
+          "for one would mean little; fill masks with a masked-LM checkpoint "
+          "(BERT, RoBERTa, ALBERT, DeBERTa, ...).")
     if not self.has_mlm_head:
       raise ValueError("This checkpoint has no MLM head to fill masks with; "
                        "load a pretrained masked-LM checkpoint instead.")

@@ -32,9 +32,35 @@ def _messages(error: BaseException):
     error = error.__cause__ or error.__context__
 
 
+_ORDER = re.compile(r"Found (--config\.[\w.]+)\S* in argv before a value for --config")
+_VALUE = re.compile(r"flag (--config\.[\w.]+)=(.*?): (.*)$")
+
+
+def _bad_value(flag: str, value: str, why: str) -> str:
+  """A value ml_collections could not read as its field's type."""
+  if "Non-boolean argument" in why:
+    kind = "true or false"
+  elif "int()" in why:
+    kind = "a whole number"
+  elif "float" in why:
+    kind = "a number"
+  else:
+    return f"{flag}={value} is not a value of that field ({why}); fix the value."
+  return f"{flag}={value} is not {kind}; give it {kind}, e.g. {flag}=" + {
+      "true or false": "true", "a whole number": "64", "a number": "0.1"}[kind] + "."
+
+
 def explain(error: BaseException) -> str:
   """One sentence for a flag-parsing failure."""
   texts = [t.strip() for t in _messages(error) if t.strip()]
+  for text in texts:
+    order = _ORDER.search(text)
+    if order:
+      return (f"{order.group(1)} comes before --config=...; put --config=FILE[:SIZE] "
+              "first and the --config.FIELD=... overrides after it.")
+    value = _VALUE.search(text)
+    if value:
+      return _bad_value(*value.groups())
   for text in texts:
     match = _SUGGESTION.search(text.replace("\\", ""))
     if match:
@@ -222,7 +248,8 @@ def run(main) -> None:
     except ValueError as e:
       if flags.FLAGS["verbosity"].present or not str(e):
         raise
-      hint = "" if "--" in str(e) else " (run with -v 1 for the traceback)"
+      # A sentence that names its fix ("problem; fix") needs no traceback.
+      hint = "" if "--" in str(e) or "; " in str(e) else " (run with -v 1 for the traceback)"
       print(f"error: {e}{hint}", file=sys.stderr)
       return 2
 

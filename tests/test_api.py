@@ -117,7 +117,7 @@ def test_fill_mask_ranks_by_the_mlm_head(demo_config, demo_data):
     model.fill_mask("Nothing to fill.")
 
 
-def test_fill_mask_on_an_electra_discriminator_says_why_not(demo_data):
+def test_fill_mask_on_an_electra_discriminator_or_xlnet_says_why_not(demo_data):
   # ELECTRA's discriminator has no MLM head (its generator is not loaded):
   # one sentence instead of a KeyError, and no MLM logits from run().
   import jax
@@ -135,6 +135,14 @@ def test_fill_mask_on_an_electra_discriminator_says_why_not(demo_data):
     model.fill_mask("A [MASK] returns a value.")
   out = model.encode(["A function returns a value."])
   assert "mlm_logits" not in out and out["rtd_logits"].shape == out["mask"].shape
+  # XLNet never sees [MASK] in its input: refused too, with why.
+  xlnet = config_files.shipped("xlnet").get_config("tiny").to_dict()
+  xlnet["vocab_size"] = config["vocab_size"]
+  module = core.build_model(xlnet)
+  params = jax.tree_util.tree_map(np.array, nn.meta.unbox(
+      core._boxed_init(module, jax.random.key(0))))
+  with pytest.raises(ValueError, match=r"^This is an XLNet checkpoint.*never saw \[MASK\]"):
+    api.Model(xlnet, params, demo_data.tokenizer()).fill_mask("A [MASK] returns a value.")
 
 
 def _fresh_tiny(demo_config, demo_data):

@@ -53,6 +53,14 @@ def trained_workdir(tmp_path_factory, demo_config, demo_data):
     (["--config=configs/bert.py:tinyy"],
      "error: Unknown size 'tinyy' after the config file's colon",
      "pick one of tiny, mini"),
+    # These three were ml_collections' own words, naming no fix.
+    (["--config.num_train_steps=3", "--config=configs/bert.py:tiny"],
+     "error: --config.num_train_steps comes before --config=...",
+     "put --config=FILE[:SIZE] first"),
+    (["--config=configs/bert.py:tiny", "--config.scan_layers=maybe"],
+     "error: --config.scan_layers=maybe is not true or false", "--config.scan_layers=true"),
+    (["--config=configs/bert.py:tiny", "--config.seq_len=6.5"],
+     "error: --config.seq_len=6.5 is not a whole number", "--config.seq_len=64"),
 ])
 def test_cli_config_mistakes_get_one_line(tmp_path, args, start, needle):
   workdir = tmp_path / "never"

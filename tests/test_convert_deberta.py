@@ -235,6 +235,19 @@ def test_emd_table_is_exported_where_transformers_skips_it(hf_model, tmp_path):
   back = workdir_lib.load_hf(out)
   assert back[0]["emd_layers"] == 0
   assert back[3] == ["deberta.embeddings.position_embeddings.weight"]
+  # The binary said it "ignored" the table it keeps for the export.
+  import subprocess
+  import sys
+  proc = subprocess.run(
+      [sys.executable, "-m", "bertjax.convert", f"--from_hf={out}",
+       f"--workdir={tmp_path / 'imported'}"], capture_output=True, text=True,
+      timeout=300, cwd=tmp_path, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert ("note: kept 1 tensors bertjax does not use beside the checkpoint "
+          "(hf_kept_tensors.safetensors), for the export to write back: "
+          "deberta.embeddings.position_embeddings.weight") in proc.stdout
+  assert "ignored" not in proc.stdout
+  assert (tmp_path / "imported" / "hf_kept_tensors.safetensors").exists()
 
 
 def test_bare_debertav2model_gets_a_fresh_mlm_head(hf_model, tmp_path):

@@ -73,9 +73,14 @@ def main(argv):
   report = workdir_lib.import_hf(_FROM_HF.value, _WORKDIR.value, base)
   for head in report.initialised:
     print(f"note: the checkpoint has no {head} head; it was freshly initialised.")
-  if report.unused:
-    print(f"note: ignored {len(report.unused)} tensors with no place in bertjax: "
-          f"{', '.join(report.unused[:8])}")
+  kept = [n for n in report.unused if n in getattr(mapping, "KEPT_WHOLE", ())]
+  ignored = [n for n in report.unused if n not in kept]
+  if kept:
+    print(f"note: kept {len(kept)} tensors bertjax does not use beside the checkpoint "
+          f"({workdir_lib.KEPT_FILE}), for the export to write back: {', '.join(kept)}")
+  if ignored:
+    print(f"note: ignored {len(ignored)} tensors with no place in bertjax: "
+          f"{', '.join(ignored[:8])}")
   print(json.dumps({"imported": _FROM_HF.value, "workdir": paths.absolute(_WORKDIR.value),
                     "model_size": report.config.model_size,
                     "initialised_heads": report.initialised,
