@@ -215,7 +215,9 @@ def test_local_tables_read_as_users_write_them(tmp_path):
 
 @pytest.mark.parametrize("field,value,message", [
     ("seq_len", 0, "at least 8"),  # IndexError before
-    ("learning_rate", -1.0, "must not be negative"),  # trained uphill before
+    ("learning_rate", -1.0, "must be a number, not negative"),  # trained uphill before
+    ("learning_rate", float("nan"), "must be a number, not negative"),
+    ("grad_clip_norm", -1.0, "must be a positive number .*reverse it"),
     ("checkpoint_every_steps", 0, "positive integer"),  # ZeroDivisionError
     ("log_every_steps", 0, "positive integer"),
     ("keep_checkpoints", 0, "positive integer"),  # kept no checkpoint to resume

@@ -205,3 +205,24 @@ def test_an_objective_that_cannot_be_fine_tuned_is_reported_so():
   row = next(l for l in table.splitlines() if l.startswith("| spanbert"))
   assert row.rstrip(" |").endswith("—") and "Not fine-tuned" in table
   assert report.plot_png(record)[:4] == b"\x89PNG"
+
+
+def test_a_result_recorded_before_config_hashes_is_reused_with_a_warning(tmp_path, caplog):
+  # Such a record cannot tell a changed --set from the old one: it is reused
+  # (as before) but no longer silently.
+  import logging
+  import ml_collections
+  config = ml_collections.ConfigDict({"learning_rate": 1e-3, "log_every_steps": 5})
+  plan = core.Plan("bert", config, 1e9, [1e10], [10], str(tmp_path / "bert"), "key")
+  old = {k: v for k, v in plan.describe().items() if k != "config_sha256"}
+  path = tmp_path / "result.json"
+  path.write_text(json.dumps({"plan": old, "finetuning": {}, "points": [{"step": 10}]}))
+  caplog.set_level(logging.WARNING)
+  result = core._load_result(plan, str(path), {})
+  assert result["points"] == [{"step": 10}]
+  assert "recorded before studies kept their config's hash" in caplog.text
+  # A record with the hash says nothing of the kind.
+  caplog.clear()
+  path.write_text(json.dumps({"plan": plan.describe(), "finetuning": {}, "points": []}))
+  assert core._load_result(plan, str(path), {})["points"] == []
+  assert "config's hash" not in caplog.text

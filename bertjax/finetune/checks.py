@@ -57,8 +57,12 @@ def check_config(config) -> None:
     _fail("seq_len", config.seq_len, f"it must be at least {MIN_SEQ_LEN} (and at most "
           "the encoder's position table)")
   # 0 is allowed: a head trained at rate 0 is the untrained baseline.
-  if config.learning_rate < 0:
-    _fail("learning_rate", config.learning_rate, "it must not be negative")
+  if not 0 <= config.learning_rate < float("inf"):  # also refuses NaN
+    _fail("learning_rate", config.learning_rate, "it must be a number, not negative")
+  if "grad_clip_norm" in config and not 0 < config.grad_clip_norm < float("inf"):
+    _fail("grad_clip_norm", config.grad_clip_norm,
+          "it must be a positive number (0 would zero every update and a negative "
+          "one reverse it; a large value such as 1e9 never clips)")
   if not 0.0 <= config.head_dropout < 1.0:
     _fail("head_dropout", config.head_dropout, "it must be in [0, 1)")
   import jax

@@ -392,6 +392,11 @@ def _load_result(p: Plan, path: str, finetuning: dict[str, Any]) -> dict[str, An
           f"{path} was recorded for another plan: its {differs} differs; use a new "
           "--workdir or the same --configs/--size/--flops/--points/--spacing/--set/"
           "--finetune_set/--finetune_epochs as before.")
+    if "config_sha256" not in (result.get("plan") or {}):
+      logging.warning(
+          "%s was recorded before studies kept their config's hash, so a changed "
+          "--set cannot be told from it: its results are reused as if --size and "
+          "--set were as then (use a new --workdir if they are not).", path)
     return result
   return {"plan": p.describe(), "finetuning": finetuning, "points": []}
 
