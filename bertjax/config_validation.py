@@ -80,7 +80,7 @@ def validate(config, *, variant: bool = True) -> None:
     _fail("warmup_steps", config.warmup_steps, "it must not be negative")
   if not 0 < config.learning_rate < math.inf:  # also refuses NaN
     _fail("learning_rate", config.learning_rate, "it must be a positive number")
-  _check_optimizer_numbers(config)
+  check_optimizer_numbers(config)
   for field in ("eval_every_steps", "eval_max_batches", "seed"):
     if field in config and not int(config[field]) >= 0:
       _fail(field, config[field], "it must not be negative")
@@ -128,9 +128,10 @@ def check_variant(config) -> None:
   _check_knowledge(config)
 
 
-def _check_optimizer_numbers(config) -> None:
+def check_optimizer_numbers(config) -> None:
   """Adam's moments, epsilon, weight decay, clipping and dropout: values that
-  would train on (as gradient ascent, a frozen model or NaN) instead of failing."""
+  would train on (as gradient ascent, a frozen model or NaN) instead of failing.
+  Fields a config lacks are skipped (fine-tuning's checks call it too)."""
   for field in ("adam_b1", "adam_b2"):
     if field in config and not 0 <= config[field] < 1:
       _fail(field, config[field], "it must lie in [0, 1)")

@@ -9,6 +9,7 @@ is loaded (``check_main_metric``, ``check_steps``).
 
 from __future__ import annotations
 
+from bertjax import config_validation
 from bertjax import guards
 from bertjax import paths
 from bertjax import workdir_lock
@@ -59,10 +60,8 @@ def check_config(config) -> None:
   # 0 is allowed: a head trained at rate 0 is the untrained baseline.
   if not 0 <= config.learning_rate < float("inf"):  # also refuses NaN
     _fail("learning_rate", config.learning_rate, "it must be a number, not negative")
-  if "grad_clip_norm" in config and not 0 < config.grad_clip_norm < float("inf"):
-    _fail("grad_clip_norm", config.grad_clip_norm,
-          "it must be a positive number (0 would zero every update and a negative "
-          "one reverse it; a large value such as 1e9 never clips)")
+  # Adam's moments and epsilon, weight decay, clipping: as in pretraining.
+  config_validation.check_optimizer_numbers(config)
   if not 0.0 <= config.head_dropout < 1.0:
     _fail("head_dropout", config.head_dropout, "it must be in [0, 1)")
   import jax

@@ -167,11 +167,14 @@ def run_config(config, task: tasks_lib.Task, num_train: int) -> ml_collections.C
   return c
 
 
+def _loss_sign(cfg) -> float:
+  """``checkpointing.BestCheckpoint`` minimises sign * the main metric: the
+  metric negated unless lower is better (mse)."""
+  return 1.0 if cfg.main_metric in task_metrics.LOWER_IS_BETTER else -1.0
+
+
 def _best_loss(cfg, record: dict[str, Any]) -> float:
-  """What ``checkpointing.BestCheckpoint`` minimises: the main metric,
-  negated unless lower is better (mse)."""
-  value = float(record[cfg.main_metric])
-  return value if cfg.main_metric in task_metrics.LOWER_IS_BETTER else -value
+  return _loss_sign(cfg) * float(record[cfg.main_metric])
 
 
 def _restore(checkpointer, abstract, shardings, accept, init: str, workdir: str):
@@ -441,8 +444,8 @@ def _run_held(cfg, task, fields, loaded, tokenizer, train_feats, eval_feats, ini
     record = evaluate(cfg, task, predict_fn, state.params, eval_feats, mesh, step,
                       workdir_path, None)
   record["skipped_steps"] = nonfinite.total
-  sign = 1.0 if cfg.main_metric in task_metrics.LOWER_IS_BETTER else -1.0
-  record["best"] = {"step": best.best["step"], cfg.main_metric: sign * best.best["loss"]}
+  record["best"] = {"step": best.best["step"],
+                    cfg.main_metric: _loss_sign(cfg) * best.best["loss"]}
   print(json.dumps(record), flush=True)
   return record
 
