@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 
+from absl import logging
+
 from bertjax import optim
 from bertjax.data import mixture
 from bertjax.models import attention
@@ -23,6 +25,24 @@ _REMAT = ("none", "full", "dots")
 def _fail(field: str, value, want: str) -> None:
   raise ValueError(f"config.{field}={value!r} is invalid: {want}; set "
                    f"--config.{field}=... accordingly.")
+
+
+def slot_shortfall(config) -> str | None:
+  """A warning when ``max_predictions_per_seq`` cannot hold the tokens
+  ``mask_rate`` chooses in a full row (masking is then capped at the slots:
+  e.g. a 512-token row with the 20 slots meant for 128 is masked at 3.9%),
+  else None. BERT's own 20 slots for 128 tokens (15% is 19.2) pass."""
+  if "mask_rate" not in config or "partial_prediction_k" in config:
+    return None
+  slots, seq_len = int(config.max_predictions_per_seq), int(config.seq_len)
+  want = math.floor(float(config.mask_rate) * seq_len)
+  if not 1 <= slots < want:
+    return None
+  return (f"max_predictions_per_seq={slots} holds {100 * slots / seq_len:.1f}% of a "
+          f"{seq_len}-token row, fewer than the {want} tokens mask_rate="
+          f"{config.mask_rate:g} chooses: full rows are masked at that lower rate; "
+          f"set --config.max_predictions_per_seq={math.ceil(config.mask_rate * seq_len)} "
+          "to mask at mask_rate.")
 
 
 def validate(config, *, variant: bool = True) -> None:
@@ -70,6 +90,9 @@ def validate(config, *, variant: bool = True) -> None:
         f"invalid: it must be between 1 and seq_len ({config.seq_len}); set "
         f"--config.max_predictions_per_seq={slots} (enough for the masked "
         "share of seq_len) or another value in that range.")
+  shortfall = slot_shortfall(config)
+  if shortfall:
+    logging.warning("%s", shortfall)
   for field in ("batch_size", "log_every_steps", "checkpoint_every_steps",
                 "keep_checkpoints", "vocab_size"):
     if int(config[field]) < 1:

@@ -5,7 +5,8 @@ r"""Fine-tuning a pretrained encoder on a task (``python -m bertjax.finetune``).
 
 ``get_config(arg)`` takes the task: ``coherence`` and ``cloze_qa`` (demo tasks
 built from the demo corpus's held-out documents), ``glue/<name>`` (cola, sst2,
-mrpc, qqp, stsb, mnli, qnli, rte, wnli), ``squad``, ``conll2003`` (TFDS,
+mrpc, qqp, stsb, mnli, qnli, rte, wnli), ``squad`` (v1.1), ``squad/v2.0``
+(with unanswerable questions), ``conll2003`` (TFDS,
 prepared beforehand in ``tfds_data_dir``), or ``local`` (your files:
 ``train_files``/``eval_files``). The recipe is the usual one: AdamW, lr 3e-5,
 3 epochs, 10% warmup, batch 32; ``layer_decay`` < 1 for layer-wise decay.
@@ -18,7 +19,8 @@ import ml_collections
 def get_config(arg: str = "coherence") -> ml_collections.ConfigDict:
   task = arg or "coherence"
   c = ml_collections.ConfigDict()
-  c.task = task  # coherence | cloze_qa | local | squad | conll2003 | glue/<name>
+  c.task = task  # coherence | cloze_qa | local | squad | squad/v2.0 | conll2003 | glue/<name>
+  squad = task.startswith("squad")
   # For task 'local': the files (comma-separated; .csv .tsv .jsonl .json .conll).
   c.train_files = ""
   c.eval_files = ""
@@ -35,14 +37,23 @@ def get_config(arg: str = "coherence") -> ml_collections.ConfigDict:
   c.random_init = False  # keep --init's architecture and tokenizer, not its weights
   c.pooling = "first"  # sequence head: 'first' token | 'mean' of tokens (dense+tanh) | the encoder's 'pooler'
   c.head_dropout = 0.1  # dropout on the head's input
-  c.seq_len = 384 if task == "squad" else 128
-  c.doc_stride = 128 if task == "squad" else 32  # QA: tokens between window starts
+  c.seq_len = 384 if squad else 128
+  c.doc_stride = 128 if squad else 32  # QA: tokens between window starts
   c.max_query_tokens = 64  # QA: the question is cut to this many tokens
   # QA: longest answer span decoded (a cloze answer is one word: a few pieces)
   c.max_answer_tokens = 8 if task == "cloze_qa" else 30
   # QA: longest answer in whitespace-separated words of the context (0 = no
   # limit); a cloze answer is one word, so its span must stay inside one
   c.max_answer_words = 1 if task == "cloze_qa" else 0
+  # QA: may the answer be "no answer"? 'auto' = when the task has questions
+  # without one (SQuAD 2.0, local files with empty answers) | 'on' | 'off'
+  c.no_answer = "auto"
+  # QA: "no answer" where its score ([CLS] start + end) beats the best span's
+  # by more than this (the eval's best_*_threshold says what would have been best)
+  c.no_answer_threshold = 0.0
+  # cloze_qa: share of questions asked of another document's passage, which
+  # does not hold the word (their answer is "no answer")
+  c.unanswerable_fraction = 0.0
 
   c.batch_size = 32
   c.num_epochs = 3.0

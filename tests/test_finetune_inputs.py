@@ -225,6 +225,9 @@ def test_local_tables_read_as_users_write_them(tmp_path):
     ("head_dropout", 1.5, r"in \[0, 1\)"),
     ("seed", -1, "must not be negative"),  # a ValueError of numpy's mid-run
     ("doc_stride", 0, "positive integer"),
+    ("no_answer", "yes", "one of auto, on, off"),
+    ("no_answer_threshold", float("inf"), "finite number"),
+    ("unanswerable_fraction", 1.0, r"in \[0, 1\)"),
 ])
 def test_bad_config_values_are_refused_before_any_work(tmp_path, field, value, message):
   config = _finetune_config("coherence", **{field: value})
@@ -232,6 +235,31 @@ def test_bad_config_values_are_refused_before_any_work(tmp_path, field, value, m
   with pytest.raises(ValueError, match=rf"^config\.{field}={value!r} is invalid: .*{message}"):
     loop.run(config, str(tmp_path / "no-such-init"), str(workdir))
   assert not workdir.exists()
+
+
+def test_unanswerable_questions_are_for_cloze_qa_and_bring_squad_v2_metrics(tmp_path):
+  with pytest.raises(ValueError, match="unanswerable_fraction applies to the cloze_qa task"):
+    loop.run(_finetune_config("coherence", unanswerable_fraction=0.5),
+             str(tmp_path / "no-such-init"), str(tmp_path / "ft"))
+  assert not (tmp_path / "ft").exists()
+  # A SQuAD 2.0 metric is a main metric only where "no answer" is decoded.
+  squad = ('{"data": [{"paragraphs": [{"context": "Paris is in France.", "qas": ['
+           '{"id": "1", "question": "Where is Paris?", "answers": [{"text": "France", '
+           '"answer_start": 12}]}, {"id": "2", "question": "Where is Rome?", '
+           '"answers": []}]}]}]}')
+  (tmp_path / "train.json").write_text(squad)
+  config = _finetune_config("local", train_files=str(tmp_path / "train.json"),
+                            eval_files=str(tmp_path / "train.json"),
+                            main_metric="best_f1")
+  task = tasks_lib.load(config)
+  assert task.kind == "qa" and task.unanswerable
+  assert tasks_lib.predicts_no_answer(config, task)
+  config.no_answer = "off"
+  assert not tasks_lib.predicts_no_answer(config, task)
+  with pytest.raises(ValueError, match="main_metric='best_f1' is not a metric of this qa"):
+    loop.run(config, str(tmp_path / "no-such-init"), str(tmp_path / "ft2"))
+  answered = _finetune_config("cloze_qa")
+  assert not tasks_lib.predicts_no_answer(answered, tasks_lib.load(answered))
 
 
 def test_a_main_metric_the_task_lacks_is_refused_before_the_init_is_read(tmp_path):

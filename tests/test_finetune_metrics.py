@@ -63,6 +63,83 @@ def test_squad_takes_the_best_gold_answer_and_reports_percent():
   assert got["f1"] == pytest.approx(100 * 1.8 / 3)
 
 
+def test_squad_v2_scores_no_answer_by_hand():
+  golds = [["Paris"], [], ["blue sky"], []]
+  spans = ["paris", "london", "sky", "x"]
+  margins = [-2.0, 1.0, 0.5, -1.0]
+  got = metrics.squad_v2(golds, spans, margins, threshold=0.0)
+  # Margins above 0 get "no answer": questions 2 (right) and 3 (wrong); 1 and 4
+  # keep their spans: 1 is right, 4 answers an unanswerable question (wrong).
+  assert got["exact_match"] == pytest.approx(50.0) and got["f1"] == pytest.approx(50.0)
+  assert got["has_answer_exact_match"] == pytest.approx(50.0)
+  assert got["no_answer_exact_match"] == pytest.approx(50.0)
+  assert (got["has_answer_count"], got["no_answer_count"]) == (2, 2)
+  assert got["answerability_accuracy"] == pytest.approx(0.5)
+  # Threshold -2: only question 1 keeps its span; 2, 3, 4 get "no answer",
+  # right for 2 and 4: 3 of 4. Threshold 0.5 adds question 3's span ("sky"
+  # against "blue sky": F1 2/3) but gives question 4 its wrong span: 2 + 2/3.
+  assert got["best_exact_match"] == pytest.approx(75.0)
+  assert got["best_f1"] == pytest.approx(75.0)
+  assert got["best_exact_match_threshold"] == -2.0 and got["best_f1_threshold"] == -2.0
+  at_best = metrics.squad_v2(golds, spans, margins, threshold=-2.0)
+  assert at_best["exact_match"] == pytest.approx(75.0)
+  assert metrics.squad_v2(golds, spans, margins, 0.5)["f1"] == pytest.approx(100 * (2 + 2 / 3) / 4)
+
+
+def test_squad_v2_best_threshold_is_the_best_of_every_threshold():
+  rng = np.random.default_rng(0)
+  words = ["red", "blue", "green", "sky", "sea"]
+  for trial in range(60):
+    n = int(rng.integers(1, 12))
+    golds = [[] if rng.random() < 0.4 else [" ".join(rng.choice(words, 2))]
+             for _ in range(n)]
+    spans = [" ".join(rng.choice(words, int(rng.integers(1, 3)))) for _ in range(n)]
+    # Few distinct margins, so ties are common; now and then no legal span.
+    margins = rng.integers(-3, 4, n).astype(float)
+    margins[rng.random(n) < 0.1] = np.inf
+    got = metrics.squad_v2(golds, spans, margins, threshold=0.0)
+    finite = margins[np.isfinite(margins)]
+    candidates = np.concatenate([finite, finite - 0.5, finite + 0.5, [-10.0, 10.0]])
+    for name in ("exact_match", "f1"):
+      scores = [metrics.squad_v2(golds, spans, margins, t)[name] for t in candidates]
+      assert got[f"best_{name}"] == pytest.approx(max(scores)), trial
+      again = metrics.squad_v2(golds, spans, margins, got[f"best_{name}_threshold"])
+      assert again[name] == pytest.approx(got[f"best_{name}"]), trial
+    none = np.where(np.isfinite(margins), margins > 0.0, True)
+    assert got["answerability_accuracy"] == pytest.approx(
+        np.mean(none == np.array([not g for g in golds])))
+
+
+def test_no_answer_decoding_takes_the_lowest_cls_score_over_windows():
+  # Two windows of one question; a span "b" in the second scores 2 + 2 = 4.
+  context = "a b c"
+  offsets = np.array([[-1, -1], [0, 1], [2, 3], [4, 5], [-1, -1]])
+  mask = offsets[:, 0] >= 0
+  starts = [np.array([3.0, 0, 0, 0, 0]), np.array([2.5, 0, 2.0, 0, 0])]
+  ends = [np.array([2.0, 0, 0, 0, 0]), np.array([1.0, 0, 2.0, 0, 0])]
+  # No-answer: the lower of 3 + 2 and 2.5 + 1.
+  assert qa.no_answer_score(starts, ends) == 3.5
+  feats = {"example": np.array([0, 0]), "context_mask": np.stack([mask, mask]),
+           "offsets": np.stack([offsets, offsets])}
+  logits = np.stack([np.stack(starts), np.stack(ends)], -1)
+  example = [{"id": "q", "context": context, "answers": []}]
+  config = {"max_answer_tokens": 3}
+
+  class Config(dict):
+    __getattr__ = dict.__getitem__
+  spans, margins, records = qa.decode(example, feats, logits, Config(config),
+                                      no_answer=True, threshold=0.0)
+  assert spans == ["b"] and margins == [pytest.approx(-0.5)]
+  assert records[0]["prediction"] == "b" and records[0]["best_span"] == "b"
+  _, _, records = qa.decode(example, feats, logits, Config(config), no_answer=True,
+                            threshold=-1.0)
+  assert records[0]["prediction"] == "" and records[0]["no_answer_margin"] == -0.5
+  # Without no-answer decoding the span is the prediction, whatever [CLS] says.
+  spans, margins, records = qa.decode(example, feats, logits, Config(config),
+                                      no_answer=False)
+  assert records[0]["prediction"] == "b" and margins == [] and "best_span" not in records[0]
+
+
 def _words(text):
   """A whitespace 'tokenizer': ids and character offsets of each word."""
   import re

@@ -149,6 +149,24 @@ def test_a_shorter_seq_len_is_told_a_slot_count_that_works(name):
   config_validation.validate(config)
 
 
+def test_too_few_slots_for_the_mask_rate_are_warned_with_a_count_that_fits(caplog):
+  # The tiny config's 20 slots are meant for 128 tokens; at 512 they would
+  # cap masking at 20 / 512 = 3.9% instead of 15%.
+  config = config_files.load("bert:tiny")
+  config.seq_len = 512
+  with caplog.at_level("WARNING"):
+    config_validation.validate(config)
+  warned = [r.getMessage() for r in caplog.records if "max_predictions_per_seq" in r.getMessage()]
+  assert len(warned) == 1 and "3.9%" in warned[0], warned
+  assert "--config.max_predictions_per_seq=77" in warned[0]  # ceil(0.15 * 512)
+  config.max_predictions_per_seq = 77
+  assert config_validation.slot_shortfall(config) is None
+  # The shipped configs' own slot counts pass: BERT's 20 for 128 (15% is
+  # 19.2) and 76 for 512 (76.8), XLNet's 1/K of the row.
+  for name in ("bert:tiny", "bert:base", "xlnet:base", "albert:tiny", "spanbert:base"):
+    assert config_validation.slot_shortfall(config_files.load(name)) is None, name
+
+
 def test_a_directory_named_like_a_config_does_not_hide_the_shipped_one(
     tmp_path, monkeypatch):
   # `--config=bert:tiny --workdir=bert`, run twice from the same directory:

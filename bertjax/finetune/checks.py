@@ -18,6 +18,9 @@ from bertjax.models import heads
 
 # The shortest row: [CLS], a token or two of each text and the separators.
 MIN_SEQ_LEN = 8
+# config.no_answer: QA may predict "no answer" when the task has unanswerable
+# questions ('auto'), always ('on') or never ('off').
+NO_ANSWER_MODES = ("auto", "on", "off")
 
 
 def _fail(field: str, value, want: str) -> None:
@@ -64,6 +67,17 @@ def check_config(config) -> None:
   config_validation.check_optimizer_numbers(config)
   if not 0.0 <= config.head_dropout < 1.0:
     _fail("head_dropout", config.head_dropout, "it must be in [0, 1)")
+  if config.get("no_answer", "auto") not in NO_ANSWER_MODES:
+    _fail("no_answer", config.no_answer, f"it must be one of {', '.join(NO_ANSWER_MODES)}")
+  if not abs(float(config.get("no_answer_threshold", 0.0))) < float("inf"):
+    _fail("no_answer_threshold", config.no_answer_threshold, "it must be a finite number")
+  fraction = float(config.get("unanswerable_fraction", 0.0))
+  if not 0.0 <= fraction < 1.0:
+    _fail("unanswerable_fraction", fraction, "it must be in [0, 1)")
+  if fraction and config.task != "cloze_qa":
+    raise ValueError(f"config.unanswerable_fraction applies to the cloze_qa task only, "
+                     f"not {config.task!r}; leave it at 0 (SQuAD 2.0 and local files "
+                     "bring their own unanswerable questions).")
   import jax
   from bertjax import sharding
   sharding.parse_mesh_shape(config.mesh_shape, jax.device_count())
@@ -80,10 +94,13 @@ def check_directories(config, workdir: str) -> None:
     paths.require_directory(config.tfds_data_dir, "--config.tfds_data_dir")
 
 
-def check_main_metric(main_metric: str, kind: str, num_labels: int) -> None:
+def check_main_metric(main_metric: str, kind: str, num_labels: int,
+                      no_answer: bool = False) -> None:
   """``main_metric`` must be one the task's evaluation reports (the best
-  checkpoint is chosen by it), checked before any training step."""
-  names = task_metrics.names(kind, num_labels)
+  checkpoint is chosen by it), checked before any training step;
+  ``no_answer``: QA decoding may answer "no answer" (SQuAD 2.0's metrics)."""
+  names = (task_metrics.qa_names(no_answer) if kind == "qa"
+           else task_metrics.names(kind, num_labels))
   if main_metric not in names:
     raise ValueError(f"config.main_metric={main_metric!r} is not a metric of this "
                      f"{kind} task; set --config.main_metric to one of "

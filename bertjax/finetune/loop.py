@@ -163,7 +163,8 @@ def run_config(config, task: tasks_lib.Task, num_train: int) -> ml_collections.C
   c.max_predictions_per_seq = 1
   if not c.main_metric:
     c.main_metric = MAIN_METRIC[task.kind]
-  checks.check_main_metric(c.main_metric, task.kind, task.num_outputs)
+  checks.check_main_metric(c.main_metric, task.kind, task.num_outputs,
+                           tasks_lib.predicts_no_answer(c, task))
   return c
 
 
@@ -248,21 +249,14 @@ def score(task: tasks_lib.Task, examples, feats, logits: np.ndarray, config
       pred.append(tags)
       records.append({"index": i, "words": ex["words"], "tags": ex["tags"], "prediction": tags})
     return task_metrics.tagging(gold, pred), records
-  by_example: dict[int, list[int]] = {}
-  for row, ex in enumerate(feats["example"]):
-    by_example.setdefault(int(ex), []).append(row)
-  answers, records = [], []
-  for i, ex in enumerate(examples):
-    rows = by_example.get(i, [])
-    b, e, _ = qa_lib.best_span([logits[r, :, 0] for r in rows], [logits[r, :, 1] for r in rows],
-                               [feats["context_mask"][r] for r in rows],
-                               [feats["offsets"][r] for r in rows], config.max_answer_tokens,
-                               context=ex["context"],
-                               max_answer_words=config.get("max_answer_words", 0))
-    text = ex["context"][b:e]
-    answers.append(text)
-    records.append({"id": ex["id"], "prediction": text, "answers": ex["answers"]})
-  return task_metrics.squad([ex["answers"] for ex in examples], answers), records
+  no_answer = tasks_lib.predicts_no_answer(config, task)
+  threshold = float(config.get("no_answer_threshold", 0.0))
+  spans, margins, records = qa_lib.decode(examples, feats, logits, config,
+                                          no_answer=no_answer, threshold=threshold)
+  golds = [ex["answers"] for ex in examples]
+  if no_answer:
+    return task_metrics.squad_v2(golds, spans, margins, threshold), records
+  return task_metrics.squad(golds, spans), records
 
 
 def _write_jsonl(path: epath.Path, records: list[dict[str, Any]]) -> None:
@@ -301,7 +295,8 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
   # refused before anything is loaded onto a device.
   task = tasks_lib.load(config)
   if config.main_metric:
-    checks.check_main_metric(config.main_metric, task.kind, task.num_outputs)
+    checks.check_main_metric(config.main_metric, task.kind, task.num_outputs,
+                             tasks_lib.predicts_no_answer(config, task))
   if config.max_train_examples:
     task.train = task.train[:config.max_train_examples]
   if config.max_eval_examples:

@@ -7,6 +7,15 @@ script's definitions: answers are compared after lower-casing, removing
 punctuation and the articles a/an/the, and collapsing whitespace; F1 is the
 bag-of-tokens overlap; each prediction takes its best score over the gold
 answers; both are reported in percent, as SQuAD does.
+
+SQuAD 2.0 adds questions with no answer in the context (no gold answers).
+``squad_v2`` scores a prediction of "no answer" (the empty string) as SQuAD
+2.0's script does: right, with exact match and F1 1, only on such a question;
+an answer given to one, or "no answer" to an answerable one, scores 0. It
+also reports the answerable and unanswerable questions apart, how often the
+answer/no-answer call itself is right, and the best scores any threshold on
+the no-answer margin would have given (chosen on these same questions, so an
+upper bound, as in SQuAD 2.0's own ``best_f1``).
 """
 
 from __future__ import annotations
@@ -32,6 +41,15 @@ def names(kind: str, num_classes: int = 2) -> tuple[str, ...]:
       "tagging": ("entity_f1", "entity_precision", "entity_recall", "token_accuracy"),
       "qa": ("exact_match", "f1"),
   }[kind]
+
+
+def qa_names(no_answer: bool) -> tuple[str, ...]:
+  """The metrics of a QA evaluation; with no-answer predictions, SQuAD 2.0's."""
+  if not no_answer:
+    return names("qa")
+  return ("exact_match", "f1", "has_answer_exact_match", "has_answer_f1",
+          "no_answer_exact_match", "answerability_accuracy", "best_exact_match",
+          "best_f1")
 
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
@@ -121,3 +139,77 @@ def squad(golds: Sequence[Sequence[str]], predictions: Sequence[str]) -> dict[st
         for gs, p in zip(golds, predictions)]
   n = max(len(predictions), 1)
   return {"exact_match": 100.0 * sum(em) / n, "f1": 100.0 * sum(f1) / n}
+
+
+def _best_threshold(margins: np.ndarray, if_none: np.ndarray, if_span: np.ndarray
+                    ) -> tuple[float, float]:
+  """(best total score, its threshold) over thresholds ``t`` of the rule
+  "no answer where margin > t": question i scores ``if_none[i]`` when it gets
+  no answer and ``if_span[i]`` when it gets its span. Every distinct margin is
+  a candidate (the questions at or below it get their spans), and so is "no
+  answer everywhere", reported as a threshold 1 below the smallest margin."""
+  order = np.argsort(margins, kind="stable")
+  m = margins[order]
+  # Total at "the first k questions (by margin) get their spans".
+  totals = if_none.sum() - np.concatenate([[0.0], np.cumsum(if_none[order])]) \
+      + np.concatenate([[0.0], np.cumsum(if_span[order])])
+  # A threshold puts every question of one margin on the same side: only the
+  # last k of a run of equal margins is reachable.
+  reachable = np.concatenate([[True], np.append(m[1:] != m[:-1], True)])
+  k = int(np.argmax(np.where(reachable, totals, -np.inf)))
+  threshold = float(m[0] - 1.0) if k == 0 else float(m[k - 1])
+  return float(totals[k]), threshold
+
+
+def squad_v2(golds: Sequence[Sequence[str]], spans: Sequence[str],
+             margins: Sequence[float], threshold: float = 0.0) -> dict[str, float]:
+  """SQuAD 2.0's scores, in percent (module docstring).
+
+  Args:
+    golds: each question's gold answers; empty for one with no answer.
+    spans: each question's best span (its text).
+    margins: each question's no-answer margin: the no-answer score less the
+      best span's score (higher = more sure there is no answer); +inf where
+      no span was legal.
+    threshold: the question gets "no answer" where its margin exceeds this.
+
+  Returns:
+    ``exact_match`` and ``f1`` over all questions at ``threshold``;
+    ``has_answer_*`` and ``no_answer_exact_match`` over the two groups (0
+    for an empty group; the ``*_count`` fields say how many);
+    ``answerability_accuracy``: share of questions whose answer/no-answer
+    call is right; ``best_exact_match`` / ``best_f1`` with the
+    ``*_threshold`` that gives each.
+  """
+  if not len(golds) == len(spans) == len(margins):
+    raise ValueError(f"{len(spans)} spans and {len(margins)} margins for "
+                     f"{len(golds)} questions.")
+  margins = np.asarray(margins, np.float64)
+  answerable = np.asarray([bool(gs) for gs in golds])
+  span_em = np.asarray([max(exact_match(p, g) for g in gs) if gs else 0.0
+                        for gs, p in zip(golds, spans)])
+  span_f1 = np.asarray([max(token_f1(p, g) for g in gs) if gs else 0.0
+                        for gs, p in zip(golds, spans)])
+  none = margins > threshold
+  if_none = (~answerable).astype(np.float64)
+  em = np.where(none, if_none, span_em)
+  f1 = np.where(none, if_none, span_f1)
+  n = max(len(golds), 1)
+  has, no = int(answerable.sum()), int((~answerable).sum())
+  out = {
+      "exact_match": float(100.0 * em.sum() / n), "f1": float(100.0 * f1.sum() / n),
+      "has_answer_exact_match": float(100.0 * em[answerable].sum() / max(has, 1)),
+      "has_answer_f1": float(100.0 * f1[answerable].sum() / max(has, 1)),
+      "no_answer_exact_match": float(100.0 * em[~answerable].sum() / max(no, 1)),
+      "answerability_accuracy": float(np.mean(none != answerable)) if len(golds) else 0.0,
+      "has_answer_count": has, "no_answer_count": no,
+  }
+  # A question with no legal span (margin +inf) gets no answer at every
+  # threshold: its span's score is its no-answer score.
+  spanless = ~np.isfinite(margins)
+  for name, if_span in (("exact_match", span_em), ("f1", span_f1)):
+    total, t = (_best_threshold(margins, if_none, np.where(spanless, if_none, if_span))
+                if len(golds) else (0.0, threshold))
+    out[f"best_{name}"] = 100.0 * total / n
+    out[f"best_{name}_threshold"] = float(t) if np.isfinite(t) else float(threshold)
+  return out

@@ -16,6 +16,13 @@ whatever the logits. The word limit is for tasks whose answers are known to be
 short in words (cloze: one word): without it a model's span may run over
 several words, which SQuAD's F1 rewards with partial credit for containing
 the answer rather than for finding it.
+
+Questions with no answer (SQuAD 2.0) are trained to point both ends at
+[CLS], as is every window that does not hold the answer. Decoding scores "no
+answer" as [CLS]'s start plus end logit, the lowest over the question's
+windows (``no_answer_score``: the window that most believes it holds the
+answer), and predicts it where it beats the best span's score by more than a
+threshold, as BERT's SQuAD 2.0 recipe does.
 """
 
 from __future__ import annotations
@@ -153,3 +160,51 @@ def best_span(start_logits: Sequence[np.ndarray], end_logits: Sequence[np.ndarra
     if scores[s, e] > best[2]:
       best = (int(off[s, 0]), int(off[e, 1]), float(scores[s, e]))
   return best
+
+
+def no_answer_score(start_logits: Sequence[np.ndarray],
+                    end_logits: Sequence[np.ndarray]) -> float:
+  """The score of "no answer": [CLS]'s start + end logit, the lowest over the
+  question's windows (module docstring); +inf when it has no window."""
+  return min((float(s[0]) + float(e[0]) for s, e in zip(start_logits, end_logits)),
+             default=np.inf)
+
+
+def decode(examples, feats, logits: np.ndarray, config, *, no_answer: bool,
+           threshold: float = 0.0) -> tuple[list[str], list[float], list[dict]]:
+  """Every question's answer from the head's logits.
+
+  Args:
+    examples: the QA examples (``tasks`` module), in feature order.
+    feats: their features (``features.build``): 'example', 'context_mask'
+      and 'offsets' per row.
+    logits: float [rows, seq_len, 2] start and end logits.
+    config: ``max_answer_tokens`` and ``max_answer_words``.
+    no_answer: decode "no answer" too (module docstring).
+    threshold: "no answer" where its margin over the best span exceeds this.
+
+  Returns:
+    (best span text per question, no-answer margin per question (empty
+    unless ``no_answer``), one prediction record per question).
+  """
+  by_example: dict[int, list[int]] = {}
+  for row, ex in enumerate(feats["example"]):
+    by_example.setdefault(int(ex), []).append(row)
+  spans, margins, records = [], [], []
+  for i, ex in enumerate(examples):
+    rows = by_example.get(i, [])
+    starts, ends = [logits[r, :, 0] for r in rows], [logits[r, :, 1] for r in rows]
+    b, e, best = best_span(starts, ends, [feats["context_mask"][r] for r in rows],
+                           [feats["offsets"][r] for r in rows], config.max_answer_tokens,
+                           context=ex["context"],
+                           max_answer_words=config.get("max_answer_words", 0))
+    text = ex["context"][b:e]
+    spans.append(text)
+    record = {"id": ex["id"], "prediction": text, "answers": ex["answers"]}
+    if no_answer:
+      margin = no_answer_score(starts, ends) - best
+      margins.append(margin)
+      record.update(prediction="" if margin > threshold else text, best_span=text,
+                    no_answer_margin=float(margin) if np.isfinite(margin) else None)
+    records.append(record)
+  return spans, margins, records

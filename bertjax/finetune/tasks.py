@@ -7,13 +7,14 @@ A task yields plain Python examples, one dict each:
   qa                           {'id', 'context', 'question', 'answers': [str],
                                 'answer_start': chars into context (-1: none)}
 
+A QA example with no answers is a question the context does not answer
+(SQuAD 2.0); decoding predicts "no answer" for a task that has such
+questions (``predicts_no_answer``).
+
 Sources (``config.task``):
   coherence, cloze_qa   built deterministically from the demo corpus's held-out
-                        documents (``python_docs.documents('validation')``);
-                        documents are split between the task's train and
-                        eval parts by a hash of their name, so no document's
-                        text is in both.
-  glue/<name>, squad, conll2003
+                        documents (``demo_tasks``).
+  glue/<name>, squad (v1.1), squad/v2.0, conll2003
                         TFDS datasets, read only when already prepared in
                         ``config.tfds_data_dir``; never downloaded.
   local                 the user's files: ``config.train_files`` and
@@ -32,8 +33,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import functools
-import hashlib
 import io
 import json
 import re
@@ -42,7 +41,11 @@ from typing import Any
 import numpy as np
 from etils import epath
 
+from bertjax.finetune import demo_tasks
+
 KINDS = ("classification", "regression", "tagging", "qa")
+# SQuAD's versions as tasks, and the TFDS names they are read from.
+SQUAD = {"squad": "squad/v1.1", "squad/v1.1": "squad/v1.1", "squad/v2.0": "squad/v2.0"}
 # What ``config.task_kind`` may say for local tables (.csv, .tsv, .jsonl).
 TABLE_KINDS = ("classification", "regression")
 
@@ -69,9 +72,6 @@ GLUE = {
     "rte": Glue("glue/rte", "classification", ("sentence1", "sentence2"), 2),
     "wnli": Glue("glue/wnli", "classification", ("sentence1", "sentence2"), 2),
 }
-DEMO_TASKS = ("coherence", "cloze_qa")
-# Share of the held-out documents that go to the demo tasks' train part.
-DEMO_TRAIN_FRACTION = 0.7
 
 
 @dataclasses.dataclass
@@ -92,72 +92,17 @@ class Task:
   def num_outputs(self) -> int:
     return {"regression": 1, "qa": 2}.get(self.kind, len(self.label_names))
 
-
-def _stable_fraction(name: str) -> float:
-  # Salted: the corpus's own hold-out hashes the bare name (python_docs), so
-  # every held-out document would fall on one side of an unsalted split.
-  digest = hashlib.sha256(b"bertjax-finetune:" + name.encode()).digest()
-  return int.from_bytes(digest[:8], "big") / 2**64
+  @property
+  def unanswerable(self) -> bool:
+    """A QA task with questions that have no answer (SQuAD 2.0)."""
+    return self.kind == "qa" and any(not ex["answers"] for ex in self.train + self.eval)
 
 
-@functools.lru_cache(maxsize=1)
-def _demo_documents() -> tuple[tuple, tuple]:
-  """(train, eval) documents; parsed once per process (the stdlib's docstrings
-  take seconds to read), immutable so that the cached copy stays as read."""
-  from bertjax.data import python_docs
-  docs = [(name, tuple(sents)) for name, sents in python_docs.documents("validation")]
-  return (tuple(d for d in docs if _stable_fraction(d[0]) < DEMO_TRAIN_FRACTION),
-          tuple(d for d in docs if _stable_fraction(d[0]) >= DEMO_TRAIN_FRACTION))
-
-
-def coherence_examples(docs, seed: int = 0, sentences: int = 2) -> list[dict[str, Any]]:
-  """Pairs of passages of ``sentences`` sentences. Every passage A that has a
-  successor gives two pairs: A with the passage that follows it in its
-  document (label 1), and A with a passage drawn at random from another
-  document (label 0, from a fixed generator). Each A therefore appears once
-  with each label, so nothing about A alone (its length, its document, its
-  place) predicts the label: only how B relates to A does. A starts at every
-  sentence that leaves room for a whole B."""
-  rng = np.random.default_rng(seed)
-  out = []
-  for d, (_, sents) in enumerate(docs):
-    for i in range(len(sents) - 2 * sentences + 1):
-      a = " ".join(sents[i:i + sentences])
-      out.append({"text_a": a, "text_b": " ".join(sents[i + sentences:i + 2 * sentences]),
-                  "label": 1})
-      if len(docs) < 2:
-        continue
-      other = int(rng.integers(len(docs) - 1))
-      other += other >= d
-      pool = docs[other][1]
-      j = int(rng.integers(max(len(pool) - sentences, 0) + 1))
-      out.append({"text_a": a, "text_b": " ".join(pool[j:j + sentences]), "label": 0})
-  return out
-
-
-_WORD = re.compile(r"[A-Za-z][A-Za-z0-9_]{3,}")
-
-
-def cloze_examples(docs, seed: int = 0) -> list[dict[str, Any]]:
-  """Cloze QA: one word of a sentence is blanked out ('_') to make the
-  question; the context is that sentence with its neighbours, where the
-  answer is the word at its original place."""
-  rng = np.random.default_rng(seed)
-  out = []
-  for name, sents in docs:
-    for i, sent in enumerate(sents):
-      words = list(_WORD.finditer(sent))
-      if len(sent.split()) < 6 or not words:
-        continue
-      word = words[int(rng.integers(len(words)))]
-      before = " ".join(sents[max(i - 1, 0):i])
-      prefix = before + " " if before else ""
-      context = prefix + " ".join(sents[i:i + 2])
-      out.append({
-          "id": f"{name}#{i}", "context": context,
-          "question": sent[:word.start()] + "_" + sent[word.end():],
-          "answers": [word.group()], "answer_start": len(prefix) + word.start()})
-  return out
+def predicts_no_answer(config, task: Task) -> bool:
+  """Whether QA decoding may answer "no answer": ``config.no_answer`` 'on',
+  or 'auto' (the default) and the task has questions without an answer."""
+  mode = config.get("no_answer", "auto")
+  return task.kind == "qa" and (mode == "on" or (mode == "auto" and task.unanswerable))
 
 
 def _tfds_examples(name: str, split: str, data_dir: str) -> list[dict[str, Any]]:
@@ -201,8 +146,9 @@ def _from_tfds(config, split: str):
     names = (() if glue.kind == "regression"
              else tuple(builder.info.features["label"].names))
     return glue.kind, out, names
-  if task == "squad":
-    rows, _ = _tfds_examples("squad", split, config.tfds_data_dir)
+  if task in SQUAD:
+    # SQuAD 2.0's unanswerable questions have no answers (is_impossible).
+    rows, _ = _tfds_examples(SQUAD[task], split, config.tfds_data_dir)
     return "qa", [{
         "id": _text(r["id"]), "context": _text(r["context"]),
         "question": _text(r["question"]),
@@ -215,7 +161,8 @@ def _from_tfds(config, split: str):
     return "tagging", [{"words": [_text(w) for w in r["tokens"]],
                         "tags": [names[int(t)] for t in r["ner"]]} for r in rows], names
   raise ValueError(f"Unknown task {task!r}; pass --config=configs/finetune.py:<task> "
-                   "with one of coherence, cloze_qa, local, squad, conll2003, glue/<name>.")
+                   "with one of coherence, cloze_qa, local, squad, squad/v2.0, conll2003, "
+                   "glue/<name>.")
 
 
 def _read(path: str) -> str:
@@ -478,12 +425,14 @@ def _local(config) -> Task:
 def load(config) -> Task:
   """The task ``config.task`` names, both splits (module docstring)."""
   if config.task == "coherence":
-    train, evals = _demo_documents()
-    return Task("classification", coherence_examples(train, 0),
-                coherence_examples(evals, 1), ("other_document", "continuation"))
+    train, evals = demo_tasks.documents()
+    return Task("classification", demo_tasks.coherence_examples(train, 0),
+                demo_tasks.coherence_examples(evals, 1), ("other_document", "continuation"))
   if config.task == "cloze_qa":
-    train, evals = _demo_documents()
-    return Task("qa", cloze_examples(train, 0), cloze_examples(evals, 1))
+    train, evals = demo_tasks.documents()
+    fraction = float(config.get("unanswerable_fraction", 0.0))
+    return Task("qa", demo_tasks.cloze_examples(train, 0, fraction),
+                demo_tasks.cloze_examples(evals, 1, fraction))
   if config.task == "local":
     return _local(config)
   kind, train, names = _from_tfds(config, config.train_split)

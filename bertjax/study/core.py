@@ -298,7 +298,8 @@ def _check_tasks(tasks: Sequence[str], overrides: Sequence[str], epochs) -> None
       checks.check_config(config)
       loaded = tasks_lib.load(config)
       if config.main_metric:
-        checks.check_main_metric(config.main_metric, loaded.kind, loaded.num_outputs)
+        checks.check_main_metric(config.main_metric, loaded.kind, loaded.num_outputs,
+                                 tasks_lib.predicts_no_answer(config, loaded))
     except ValueError as e:
       raise ValueError(f"{task}: {_study_flags(str(e))}") from None
     if loaded.kind == "qa":
