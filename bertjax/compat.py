@@ -90,7 +90,7 @@ _STREAM_FIELDS = (
     # Fine-tuning (configs/finetune.py): its data, rows and schedule.
     "train_files", "eval_files", "doc_stride", "max_query_tokens", "head_dropout",
     "num_epochs", "warmup_fraction", "layer_decay", "steps_per_epoch",
-    "max_train_examples")
+    "max_train_examples", "unanswerable_fraction")
 _SAFE_FIELDS = (
     # Paths move; what they hold is checked by the tokenizer fingerprint.
     "data_dir", "tokenizer_path", "hf_kept_tensors",
@@ -111,7 +111,10 @@ _SAFE_FIELDS = (
     "eval_seed", "nonfinite", "max_consecutive_skips", "debug_nan_step",
     "allow_changes", "restart_from_scratch",
     # Fine-tuning: where TFDS tasks live, decoding, which metric picks the best.
-    "tfds_data_dir", "max_answer_tokens", "max_answer_words", "main_metric", "max_eval_examples")
+    "tfds_data_dir", "max_answer_tokens", "max_answer_words", "main_metric", "max_eval_examples",
+    "no_answer", "no_answer_threshold",
+    # Fine-tuning: what the finished model predicts (loop.predict_all).
+    "predict_files", "predict_split")
 
 # The one table: config field -> LAYOUT, STREAM or SAFE.
 FIELDS: dict[str, str] = {
@@ -130,6 +133,8 @@ DEFAULTS: dict[str, Any] = {
     "attention_impl": "auto", "sparse_last_layer": False,
     "allow_changes": "", "restart_from_scratch": False, "single_segment": False,
     "encoder": "bert", "gdes": False, "mixture": "",
+    "unanswerable_fraction": 0.0, "no_answer": "auto", "no_answer_threshold": 0.0,
+    "predict_files": "", "predict_split": "",
 }
 
 _ABSENT = "(absent)"
