@@ -148,8 +148,9 @@ def newest_saved_config(workdir: str) -> tuple[int, dict[str, Any], str] | None:
 class Checkpointer:
   """Saves, verifies and restores the three items of a bertjax checkpoint."""
 
-  def __init__(self, workdir: str, *, keep: int = 3, read_only: bool = False):
-    self.directory = paths.join(workdir, "checkpoints")
+  def __init__(self, workdir: str, *, keep: int = 3, read_only: bool = False,
+               subdir: str = "checkpoints"):
+    self.directory = paths.join(workdir, subdir)
     if read_only and not paths.isdir(self.directory):
       raise ValueError(
           f"No checkpoints under {self.directory}; train first with "

@@ -31,6 +31,11 @@ def get_config(arg: str = "coherence") -> ml_collections.ConfigDict:
   c.tfds_data_dir = ""  # where TFDS tasks are prepared ('' = TFDS's default)
   c.max_train_examples = 0  # use only the first N training examples (0 = all)
   c.max_eval_examples = 0  # score only the first N eval examples (0 = all)
+  # Inputs to predict once trained (and whenever the finished run is run
+  # again), with the best evaluation's parameters, into predict_<name>.jsonl:
+  # files in the task's format, labels optional (comma-separated) ...
+  c.predict_files = ""
+  c.predict_split = ""  # ... and a split of a TFDS task (e.g. GLUE's 'test')
   c.train_split = "train"
   c.eval_split = "validation_matched" if task == "glue/mnli" else "validation"
 

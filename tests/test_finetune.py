@@ -315,6 +315,41 @@ def test_local_csv_and_conll_files_learn_a_visible_rule(pretrained, tmp_path):
                      .read_text().splitlines()[0])
   assert len(first["prediction"]) == len(first["words"]) == 8
 
+  # Run again, finished, with new unlabelled files to predict: no training,
+  # predictions by the rule's standard. The rows without a label column:
+  with open(tmp_path / "dev.csv") as f:
+    rows = list(csv.DictReader(f))
+  (tmp_path / "new.csv").write_text(
+      "sentence\n" + "".join(r["sentence"] + "\n" for r in rows))
+  (tmp_path / "new.conll").write_text("".join(
+      "".join(line.split()[0] + "\n" for line in block.splitlines()) + "\n"
+      for block in (tmp_path / "dev.conll").read_text().split("\n\n") if block.strip()))
+  for name, kind, source in (("csv", "csv", "new.csv"), ("conll", "conll", "new.conll")):
+    steps = sorted(p.name for p in (tmp_path / name / "checkpoints").iterdir())
+    logged = (tmp_path / name / "metrics.jsonl").read_text()
+    again = loop.run(_finetune_config("local", train_files=str(tmp_path / f"train.{kind}"),
+                                      eval_files=str(tmp_path / f"dev.{kind}"),
+                                      predict_files=str(tmp_path / source),
+                                      **{**kw, "num_epochs": 8.0 if kind == "conll" else 3.0}),
+                     pretrained, str(tmp_path / name))
+    assert again["predicted"] == {"new": len(rows)}
+    assert sorted(p.name for p in (tmp_path / name / "checkpoints").iterdir()) == steps
+    assert (tmp_path / name / "metrics.jsonl").read_text() == logged  # nothing trained
+  preds = [json.loads(l) for l in (tmp_path / "csv" / "predict_new.jsonl").read_text()
+           .splitlines()]
+  assert [p["text_a"] for p in preds] == [r["sentence"] for r in rows]
+  assert all("label" not in p and abs(sum(p["probabilities"].values()) - 1) < 1e-5
+             for p in preds)
+  right = np.mean([p["prediction"] == ("bad" if "error" in p["text_a"].split() else "ok")
+                   for p in preds])
+  assert right > 0.9, right
+  tagged = [json.loads(l) for l in (tmp_path / "conll" / "predict_new.jsonl").read_text()
+            .splitlines()]
+  assert len(tagged) == len(rows) and all("tags" not in t for t in tagged)
+  pairs = [(w.isdigit(), t == "B-NUM") for p in tagged for w, t in zip(p["words"],
+                                                                        p["prediction"])]
+  assert np.mean([a == b for a, b in pairs]) > 0.95
+
 
 def test_tokenizer_offsets_point_at_each_piece(pretrained):
   import bertjax

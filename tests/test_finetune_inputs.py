@@ -13,6 +13,7 @@ from bertjax import config_files
 from bertjax.finetune import encoder_init
 from bertjax.finetune import features as features_lib
 from bertjax.finetune import loop
+from bertjax.finetune import predict as predict_lib
 from bertjax.finetune import tasks as tasks_lib
 
 from test_finetune import _finetune_config as _shipped_finetune_config
@@ -260,6 +261,58 @@ def test_unanswerable_questions_are_for_cloze_qa_and_bring_squad_v2_metrics(tmp_
     loop.run(config, str(tmp_path / "no-such-init"), str(tmp_path / "ft2"))
   answered = _finetune_config("cloze_qa")
   assert not tasks_lib.predicts_no_answer(answered, tasks_lib.load(answered))
+
+
+def test_files_to_predict_are_read_and_checked_before_any_work(tmp_path):
+  (tmp_path / "test.csv").write_text("sentence\nfirst\nsecond\n")
+  (tmp_path / "labelled.csv").write_text("sentence,label\nthird,pos\n")
+  config = _local(tmp_path, _GOOD, _GOOD)
+  task = tasks_lib.load(config)
+  config.predict_files = f"{tmp_path / 'test.csv'},{tmp_path / 'labelled.csv'}"
+  got = dict(predict_lib.inputs(config, task))
+  assert [ex["text_a"] for ex in got["test"]] == ["first", "second"]
+  assert [ex["gold"] for ex in got["test"]] == [None, None]
+  assert got["labelled"][0]["gold"] == "pos"  # kept as the name, for the record
+  bad = {
+      "predict_files": (f"{tmp_path / 'test.csv'},{tmp_path / 'sub'}/test.csv",
+                        "both write predict_test.jsonl"),
+      "predict_split": ("test", "names a split of a TFDS task"),
+  }
+  (tmp_path / "sub").mkdir()
+  (tmp_path / "sub" / "test.csv").write_text("sentence\nx\n")
+  (tmp_path / "q.json").write_text('{"data": []}')
+  (tmp_path / "words.conll").write_text("just\nwords\n")
+  for field, (value, message) in [*bad.items(),
+                                  ("predict_files", (str(tmp_path / "words.conll"),
+                                                     "is CoNLL .* classification task")),
+                                  ("predict_files", (str(tmp_path / "q.json"),
+                                                     "No examples in .*predict_files"))]:
+    config = _local(tmp_path, _GOOD, _GOOD, **{field: value})
+    with pytest.raises(ValueError, match=message):
+      loop.run(config, str(tmp_path / "no-such-init"), str(tmp_path / "ft"))
+    assert not (tmp_path / "ft").exists()
+
+
+def test_prediction_records_carry_the_input_the_prediction_and_any_gold():
+  task = tasks_lib.Task("classification", [], [], ("neg", "pos"))
+  examples = [{"text_a": "a", "label": 0, "gold": None},
+              {"text_a": "b", "text_b": "c", "label": 0, "gold": "neg"}]
+  logits = np.log(np.array([[0.25, 0.75], [0.9, 0.1]]))
+  recs = predict_lib.records(task, examples, {}, logits, _finetune_config("local"))
+  assert [r["prediction"] for r in recs] == ["pos", "neg"]
+  assert recs[0]["probabilities"] == pytest.approx({"neg": 0.25, "pos": 0.75})
+  assert "label" not in recs[0] and recs[1]["label"] == "neg" and recs[1]["text_b"] == "c"
+  # QA: the question, the decoded answer, no placeholder answers.
+  qa_task = tasks_lib.Task("qa", [], [])
+  offsets = np.array([[-1, -1], [0, 1], [2, 3], [-1, -1]])
+  feats = {"example": np.array([0]), "context_mask": (offsets[:, 0] >= 0)[None],
+           "offsets": offsets[None]}
+  logits = np.zeros((1, 4, 2))
+  logits[0, 2] = 5.0  # start and end on "b"
+  ex = [{"id": "q1", "question": "which?", "context": "a b", "answers": [],
+         "answer_start": -1, "gold": None}]
+  (rec,) = predict_lib.records(qa_task, ex, feats, logits, _finetune_config("local"))
+  assert rec == {"id": "q1", "prediction": "b", "question": "which?"}
 
 
 def test_a_main_metric_the_task_lacks_is_refused_before_the_init_is_read(tmp_path):

@@ -120,6 +120,21 @@ class Encoder:
     }
 
 
+def word_tags(examples: list[dict[str, Any]], feats: dict[str, np.ndarray],
+              best: np.ndarray, names: tuple[str, ...]) -> list[list[str]]:
+  """Each example's predicted tag per word, from ``best`` int [rows, seq_len]
+  (the argmax tag of each piece): a word takes its first piece's tag; words
+  cut off at the row end get 'O' (or the first tag where there is no 'O')."""
+  outside = "O" if "O" in names else names[0]
+  out = []
+  for i, ex in enumerate(examples):
+    tags = [outside] * len(ex["words"])
+    for pos in np.nonzero(feats["word_index"][i] >= 0)[0]:
+      tags[int(feats["word_index"][i, pos])] = names[int(best[i, pos])]
+    out.append(tags)
+  return out
+
+
 def build(encoder: Encoder, task, examples: list[dict[str, Any]], config) -> dict[str, np.ndarray]:
   """Features of ``examples`` for ``task.kind`` (module docstring)."""
   if not examples:

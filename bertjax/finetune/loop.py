@@ -58,6 +58,7 @@ from bertjax.finetune import encoder_init
 from bertjax.finetune import features as features_lib
 from bertjax.finetune import metrics as task_metrics
 from bertjax.finetune import objective as objective_lib
+from bertjax.finetune import predict as predict_lib
 from bertjax.finetune import qa as qa_lib
 from bertjax.finetune import tasks as tasks_lib
 from bertjax.models import heads
@@ -238,16 +239,10 @@ def score(task: tasks_lib.Task, examples, feats, logits: np.ndarray, config
                for i, (g, p) in enumerate(zip(feats["label"], pred))]
     return task_metrics.regression(feats["label"], pred), records
   if kind == "tagging":
-    outside = "O" if "O" in names else names[0]
-    gold, pred, records = [], [], []
-    best = logits.argmax(-1)
-    for i, ex in enumerate(examples):
-      tags = [outside] * len(ex["words"])  # words cut off at the row end
-      for pos in np.nonzero(feats["word_index"][i] >= 0)[0]:
-        tags[int(feats["word_index"][i, pos])] = names[int(best[i, pos])]
-      gold.append(ex["tags"])
-      pred.append(tags)
-      records.append({"index": i, "words": ex["words"], "tags": ex["tags"], "prediction": tags})
+    pred = features_lib.word_tags(examples, feats, logits.argmax(-1), names)
+    gold = [ex["tags"] for ex in examples]
+    records = [{"index": i, "words": ex["words"], "tags": ex["tags"], "prediction": tags}
+               for i, (ex, tags) in enumerate(zip(examples, pred))]
     return task_metrics.tagging(gold, pred), records
   no_answer = tasks_lib.predicts_no_answer(config, task)
   threshold = float(config.get("no_answer_threshold", 0.0))
@@ -257,12 +252,6 @@ def score(task: tasks_lib.Task, examples, feats, logits: np.ndarray, config
   if no_answer:
     return task_metrics.squad_v2(golds, spans, margins, threshold), records
   return task_metrics.squad(golds, spans), records
-
-
-def _write_jsonl(path: epath.Path, records: list[dict[str, Any]]) -> None:
-  tmp = path.parent / (path.name + ".tmp")
-  tmp.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-  tmp.replace(path)
 
 
 # ---------------------------------------------------------------------- run
@@ -281,7 +270,9 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
   Returns:
     The last evaluation: ``{'step', 'epoch', <metrics>, 'main_metric',
     'skipped_steps' (updates of this process's run not applied: NaN/Inf),
-    'best': {'step', <main metric>}}``, or None when stopped early.
+    'best': {'step', <main metric>}, 'predicted': {name: examples} where
+    ``config.predict_files`` / ``predict_split`` were predicted
+    (``predict`` module)}``, or None when stopped early.
 
   Raises:
     guards.NonFiniteLoss: a NaN/Inf loss or gradient under the
@@ -301,6 +292,7 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
     task.train = task.train[:config.max_train_examples]
   if config.max_eval_examples:
     task.eval = task.eval[:config.max_eval_examples]
+  to_predict = predict_lib.inputs(config, task)
   fields, loaded, tokenizer, init_step = encoder_init.load(init)
   # Before the state is built: a workdir started from another init is refused.
   init_record = encoder_init.identify(init, fields, loaded, init_step)
@@ -313,6 +305,8 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
                      f"{fields['max_position_embeddings']} positions; lower --config.seq_len.")
   train_feats = features_lib.build(encoder, task, task.train, config)
   eval_feats = features_lib.build(encoder, task, task.eval, config)
+  to_predict = [(name, ex, features_lib.build(encoder, task, ex, config))
+                for name, ex in to_predict]
   cfg = run_config(config, task, len(train_feats["tokens"]))
   workdir = os.path.abspath(workdir) if "://" not in workdir else workdir
   newest = checkpointing.newest_saved_config(workdir)
@@ -321,15 +315,16 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
   # One run per workdir, as in pretraining: a second one is refused.
   lock = workdir_lock.hold(workdir, jax.process_index())
   try:
-    return _run_held(cfg, task, fields, loaded, tokenizer, train_feats, eval_feats,
+    return _run_held(cfg, task, fields, loaded, tokenizer, train_feats, eval_feats, to_predict,
                      init, init_record, workdir, stop_at_step)
   finally:
     if lock is not None:
       lock.release()
 
 
-def _run_held(cfg, task, fields, loaded, tokenizer, train_feats, eval_feats, init: str,
-              init_record: dict[str, Any], workdir: str, stop_at_step: int | None):
+def _run_held(cfg, task, fields, loaded, tokenizer, train_feats, eval_feats, to_predict,
+              init: str, init_record: dict[str, Any], workdir: str,
+              stop_at_step: int | None):
   """``run`` once its inputs are read and checked and the workdir is held."""
   workdir_path = epath.Path(workdir)
   from bertjax.convert import core
@@ -441,6 +436,15 @@ def _run_held(cfg, task, fields, loaded, tokenizer, train_feats, eval_feats, ini
   record["skipped_steps"] = nonfinite.total
   record["best"] = {"step": best.best["step"],
                     cfg.main_metric: _loss_sign(cfg) * best.best["loss"]}
+  if to_predict:  # with the best evaluation's parameters (predict module)
+    params = (state.params if best.best is None else
+              predict_lib.best_params(workdir, best.best["step"], abstract, shardings))
+    for name, examples, feats in to_predict:
+      logits = predict(predict_fn, params, feats, task.kind, cfg.batch_size, mesh)
+      if jax.process_index() == 0:
+        predict_lib.write(workdir_path / f"predict_{name}.jsonl",
+                          predict_lib.records(task, examples, feats, logits, cfg))
+    record["predicted"] = {name: len(examples) for name, examples, _ in to_predict}
   print(json.dumps(record), flush=True)
   return record
 
@@ -487,7 +491,7 @@ def evaluate(cfg, task, predict_fn, params, eval_feats, mesh, step: int,
   if jax.process_index() == 0:
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / f"eval_{step}.json").write_text(json.dumps(record, indent=1))
-    _write_jsonl(workdir / f"predictions_{cfg.eval_split}.jsonl", records)
+    predict_lib.write(workdir / f"predictions_{cfg.eval_split}.jsonl", records)
   if writer is not None:
     writer.write(step, scores, prefix="eval_", flush=True)
   logging.info("Evaluation at step %d: %s", step, json.dumps(scores))

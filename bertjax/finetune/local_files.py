@@ -1,0 +1,321 @@
+"""The user's own task files: ``config.train_files`` and ``config.eval_files``
+(task ``local``), and files to predict (``config.predict_files``).
+
+Files are read by extension: .csv, .tsv and .jsonl (``config.text_fields``,
+``config.label_field``), .json (SQuAD format), .conll/.txt (CoNLL columns:
+the word first, the tag last, blank lines between sentences). UTF-8, a
+byte-order mark allowed; a .tsv is read without quoting, as GLUE's files and
+BERT's reader take them. A malformed row is refused with its file and line.
+Files to predict have the same formats; their labels, answers and tags may be
+left out. All files are read through etils.epath, so gs:// paths work.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from typing import Any
+
+import numpy as np
+from etils import epath
+
+from bertjax.finetune.tasks import TABLE_KINDS, Task
+
+
+def _read(path: str) -> str:
+  """The text of a task file (UTF-8; a byte-order mark, as Excel writes, is dropped)."""
+  p = epath.Path(path)
+  if not p.exists():
+    raise ValueError(f"Task file {path} does not exist; fix --config.train_files / "
+                     "--config.eval_files.")
+  data = p.read_bytes()
+  try:
+    return data.decode("utf-8-sig")
+  except UnicodeDecodeError as e:
+    raise ValueError(f"Task file {path} is not UTF-8 text (byte {data[e.start]:#04x} at "
+                     f"offset {e.start}); save it as UTF-8.") from None
+
+
+def _table_rows(path: str, text: str, tsv: bool) -> list[dict[str, Any]]:
+  """Rows of a .csv or .tsv file, each with its line under ``LINE``. A .tsv is
+  read as GLUE's files and BERT's reader take them: no quoting, so a text that
+  starts with a quote mark is kept as it is instead of swallowing the lines
+  after it."""
+  reader = csv.DictReader(io.StringIO(text), delimiter="\t" if tsv else ",",
+                          quoting=csv.QUOTE_NONE if tsv else csv.QUOTE_MINIMAL)
+  rows = []
+  try:
+    for row in reader:
+      if None in row or None in row.values():
+        given = (sum(v is not None for k, v in row.items() if k is not None)
+                 + len(row.get(None, [])))
+        raise ValueError(
+            f"{path} line {reader.line_num} has {given} fields where its header has "
+            f"{len(reader.fieldnames)} "
+            f"({', '.join(reader.fieldnames)}); give every row one value per column"
+            + (" (a .tsv is split at every tab)" if tsv else
+               " (quote a value that holds a comma)") + ".")
+      rows.append({**row, LINE: reader.line_num})
+  except csv.Error as e:
+    raise ValueError(f"{path} line {reader.line_num} is not valid "
+                     f"{'TSV' if tsv else 'CSV'} ({e}); fix that line.") from None
+  return rows
+
+
+def _jsonl_rows(path: str, text: str) -> list[dict[str, Any]]:
+  rows = []
+  for n, line in enumerate(text.splitlines(), 1):
+    if not line.strip():
+      continue
+    try:
+      row = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{path} line {n} is not valid JSON ({e.msg}, column {e.colno}); "
+                       "each line of a .jsonl file must be one JSON object.") from None
+    if not isinstance(row, dict):
+      raise ValueError(f"{path} line {n} is a JSON {type(row).__name__}, not an object; "
+                       "each line of a .jsonl file must be one object such as "
+                       '{"sentence": "...", "label": "..."}.')
+    rows.append({**row, LINE: n})
+  return rows
+
+
+_SQUAD_LAYOUT = ('{"data": [{"paragraphs": [{"context": ..., "qas": [{"id": ..., '
+                 '"question": ..., "answers": [{"text": ..., "answer_start": ...}]}]}]}]}')
+
+
+def _squad_rows(path: str, text: str) -> list[dict[str, Any]]:
+  try:
+    squad = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{path} is not valid JSON ({e.msg}, line {e.lineno}); a .json "
+                     "task file is a SQuAD file (a .jsonl file holds one row a line).") from None
+  rows = []
+  try:
+    for article in squad["data"]:
+      for para in article["paragraphs"]:
+        for qa in para["qas"]:
+          answers = qa.get("answers", [])
+          rows.append({"id": str(qa["id"]), "context": str(para["context"]),
+                       "question": str(qa["question"]),
+                       "answers": [str(a["text"]) for a in answers],
+                       "answer_start": int(answers[0]["answer_start"]) if answers else -1})
+  except (KeyError, TypeError, ValueError, AttributeError) as e:
+    what = f"no {e.args[0]!r}" if isinstance(e, KeyError) else "an entry of another shape"
+    raise ValueError(f"{path} is not a SQuAD file ({what}); a .json task file must be "
+                     f"laid out as SQuAD's: {_SQUAD_LAYOUT}.") from None
+  return rows
+
+
+def _conll_rows(path: str, text: str, labelled: bool = True) -> list[dict[str, Any]]:
+  """Sentences of a CoNLL file; unless ``labelled``, every line may be the
+  word alone, and such a sentence gets ``tags`` None."""
+  rows, words, tags = [], [], []
+  for n, line in enumerate(text.splitlines() + [""], 1):
+    cols = line.split()
+    if not cols or cols[0] == "-DOCSTART-":
+      if words:
+        rows.append({"words": words, "tags": None if None in tags else tags})
+      words, tags = [], []
+      continue
+    if len(cols) < 2 and labelled:
+      raise ValueError(f"{path} line {n} has one column ({cols[0]!r}); a CoNLL line is "
+                       "the word first and its tag last, with a blank line between "
+                       "sentences.")
+    words.append(cols[0])
+    tags.append(cols[-1] if len(cols) > 1 else None)
+  return rows
+
+
+def _local_rows(path: str, labelled: bool = True) -> tuple[str, list[dict[str, Any]]]:
+  """(kind-less format, rows) of one local file, by its extension."""
+  lower = path.lower()
+  if lower.endswith((".csv", ".tsv")):
+    return "table", _table_rows(path, _read(path), lower.endswith(".tsv"))
+  if lower.endswith(".jsonl"):
+    return "table", _jsonl_rows(path, _read(path))
+  if lower.endswith(".json"):
+    return "qa", _squad_rows(path, _read(path))
+  if lower.endswith((".conll", ".txt")):
+    return "tagging", _conll_rows(path, _read(path), labelled)
+  if not epath.Path(path).exists():  # a missing file is named as such first
+    _read(path)
+  raise ValueError(f"Cannot read {path}: use .csv, .tsv, .jsonl, .json (SQuAD) or "
+                   ".conll files.")
+
+
+def _local_split(files: str, labelled: bool = True) -> tuple[str, list[dict[str, Any]]]:
+  """(format, rows) of comma-separated ``files``; each table row remembers its
+  file under ``SOURCE`` so that a bad value can be reported with it."""
+  kinds, rows = set(), []
+  for path in [p.strip() for p in files.split(",") if p.strip()]:
+    kind, part = _local_rows(path, labelled)
+    kinds.add(kind)
+    rows += [{**r, SOURCE: path} for r in part] if kind == "table" else part
+  if not rows:
+    flags = ("--config.train_files and --config.eval_files" if labelled
+             else "--config.predict_files")
+    raise ValueError(f"No examples in {files!r}; set {flags} to non-empty files.")
+  if len(kinds) > 1:
+    raise ValueError(f"{files!r} mixes file formats; give files of one format.")
+  return kinds.pop(), rows
+
+
+# Keys under which a local row keeps the file and line it was read from (not columns).
+SOURCE = "__file__"
+LINE = "__line__"
+
+
+def _where(row: dict[str, Any]) -> str:
+  return f"{row[SOURCE]} line {row[LINE]}" if LINE in row else str(row[SOURCE])
+
+
+def _number(row: dict[str, Any], config) -> float:
+  """The regression label of a local table row, or ValueError naming the file,
+  the column, the value and the fix."""
+  value = row[config.label_field]
+  try:
+    number = float(value)
+  except (TypeError, ValueError):
+    number = None
+  if number is None or not np.isfinite(number):
+    line = f" (line {row[LINE]})" if LINE in row else ""
+    raise ValueError(
+        f"{row[SOURCE]} has the label {value!r} in column {config.label_field!r}{line}, "
+        "which --config.task_kind=regression cannot read as a finite number; set "
+        "--config.task_kind=classification for labels that are names, or make "
+        "every label in that column a number.")
+  return number
+
+
+def _table_examples(rows, config, labelled: bool = True) -> list[dict[str, Any]]:
+  """Examples of table rows; unless ``labelled``, the label column may be
+  missing or empty (``label`` None)."""
+  fields = [f.strip() for f in config.text_fields.split(",") if f.strip()]
+  if not 1 <= len(fields) <= 2:
+    raise ValueError("--config.text_fields names one or two columns, e.g. "
+                     "'sentence' or 'sentence1,sentence2'.")
+  regression = config.task_kind == "regression"
+  needed = fields + [config.label_field] if labelled else fields
+  out, seen = [], set()
+  for r in rows:
+    columns = [c for c in r if c not in (SOURCE, LINE)]
+    missing = [f for f in needed if f not in columns]
+    if missing:
+      # A table's header is its first row's columns: name the file then.
+      place = _where(r) if r[SOURCE] in seen else r[SOURCE]
+      raise ValueError(f"{place} has no column {missing[0]!r} (it has "
+                       f"{', '.join(columns)}); set --config.text_fields / "
+                       "--config.label_field.")
+    empty = [f for f in needed if r[f] is None]
+    if empty:
+      raise ValueError(f"{_where(r)} has no value (null) in column {empty[0]!r}; give "
+                       "every row its text and label.")
+    label = r.get(config.label_field)
+    if label in (None, "") and not labelled:
+      label = None
+    elif regression:
+      label = _number(r, config)
+    seen.add(r[SOURCE])
+    ex = {"text_a": str(r[fields[0]]), "label": label, SOURCE: _where(r)}
+    if len(fields) == 2:
+      ex["text_b"] = str(r[fields[1]])
+    out.append(ex)
+  return out
+
+
+def _label_names(config, train: list[dict[str, Any]]) -> tuple[str, ...]:
+  """The classes: ``config.label_names``, or those of the train files, sorted."""
+  given = tuple(x.strip() for x in config.label_names.split(",") if x.strip())
+  if len(set(given)) < len(given):
+    twice = sorted({x for x in given if given.count(x) > 1})
+    raise ValueError(f"--config.label_names lists {twice[0]!r} twice; list each label once.")
+  if len(given) == 1:
+    raise ValueError(f"--config.label_names lists one label ({given[0]!r}), and a "
+                     "classifier needs two or more; list every label, comma-separated.")
+  names = given or tuple(sorted({str(ex["label"]) for ex in train}))
+  if len(names) < 2:
+    raise ValueError(
+        f"The train files have only the label {names[0]!r} in column "
+        f"{config.label_field!r}, and a classifier needs two or more; add rows of the "
+        "other labels, list every label in --config.label_names, or set "
+        "--config.task_kind=regression for numbers.")
+  return names
+
+
+def load(config) -> Task:
+  if not config.train_files or not config.eval_files:
+    raise ValueError("task 'local' reads --config.train_files and --config.eval_files; "
+                     "set both.")
+  fmt, train = _local_split(config.train_files)
+  eval_fmt, evals = _local_split(config.eval_files)
+  if eval_fmt != fmt:
+    kinds = {"table": "a table (.csv, .tsv, .jsonl)", "qa": "SQuAD (.json)",
+             "tagging": "CoNLL (.conll)"}
+    raise ValueError(f"--config.train_files are {kinds[fmt]} but --config.eval_files are "
+                     f"{kinds[eval_fmt]}; give eval files of the train files' format.")
+  if fmt == "qa":
+    return Task("qa", train, evals)
+  if fmt == "tagging":
+    names = tuple(sorted({t for ex in train for t in ex["tags"]}))
+    unknown = {t for ex in evals for t in ex["tags"]} - set(names)
+    if unknown:
+      raise ValueError(f"Eval tags {sorted(unknown)[:3]} never occur in the train files; "
+                       "add them to the train data.")
+    return Task("tagging", train, evals, names)
+  if config.task_kind not in TABLE_KINDS:
+    raise ValueError(f"task_kind {config.task_kind!r} is not one of "
+                     f"{', '.join(TABLE_KINDS)}; fix --config.task_kind.")
+  train = _table_examples(train, config)
+  evals = _table_examples(evals, config)
+  if config.task_kind == "regression":
+    for ex in train + evals:
+      del ex[SOURCE]
+    return Task("regression", train, evals)
+  names = _label_names(config, train)
+  index = {n: i for i, n in enumerate(names)}
+  for ex in train + evals:
+    label = str(ex["label"])
+    if label not in index:
+      among = ("--config.label_names" if config.label_names.strip()
+               else "the labels of the train files")
+      raise ValueError(f"Label {label!r} of {ex[SOURCE]} is not among {among} "
+                       f"({', '.join(names)}); list every label in --config.label_names "
+                       "(or fix that row).")
+    ex["label"] = index[label]
+  for ex in train + evals:
+    del ex[SOURCE]
+  return Task("classification", train, evals, names)
+
+
+_FORMATS = {"classification": "table", "regression": "table", "tagging": "tagging",
+            "qa": "qa"}
+
+
+def unlabelled(path: str, config, task: Task) -> list[dict[str, Any]]:
+  """Examples of one file to predict, for ``task``: in its training files'
+  format, labels, answers and tags optional. A label, answers or tags that
+  are given are kept as ``gold`` (class names stay names); the fields the
+  features need get placeholders (class 0, no answer, the first tag)."""
+  fmt, rows = _local_split(path, labelled=False)
+  if fmt != _FORMATS[task.kind]:
+    kinds = {"table": "a table (.csv, .tsv, .jsonl)", "qa": "SQuAD (.json)",
+             "tagging": "CoNLL (.conll)"}
+    raise ValueError(f"--config.predict_files {path} is {kinds[fmt]}, but this is a "
+                     f"{task.kind} task, whose files are {kinds[_FORMATS[task.kind]]}; "
+                     "give files of that format.")
+  if task.kind == "qa":
+    return [{**r, "gold": r["answers"] or None} for r in rows]
+  if task.kind == "tagging":
+    return [{"words": r["words"], "tags": [task.label_names[0]] * len(r["words"]),
+             "gold": r["tags"]} for r in rows]
+  out = []
+  for ex in _table_examples(rows, config, labelled=False):
+    del ex[SOURCE]
+    gold = ex["label"]
+    ex["gold"] = None if gold is None else (
+        float(gold) if task.kind == "regression" else str(gold))
+    ex["label"] = 0.0 if task.kind == "regression" else 0
+    out.append(ex)
+  return out
