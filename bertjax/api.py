@@ -9,6 +9,8 @@
   out["nsp_logits"]    # float32 [batch, 2]  NSP, or ALBERT's SOP (where present)
   out["mask"]          # bool    [batch, length]  True on real tokens
   model.embed(texts)   # float32 [batch, hidden]  mean over real tokens
+  bertjax.load("/tmp/ft-mrpc").predict([("A.", "B.")])  # a fine-tuning workdir
+                                           # (bertjax/finetune/inference.py)
 
 Token ids are bertjax's ([PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4); for an
 imported model ``model.tokenizer.to_hf_ids`` gives the original ids, and the
@@ -310,20 +312,26 @@ class Model:
     return out
 
 
-def load(path: str, step: int | None = None) -> Model:
+def load(path: str, step: int | None = None):
   """Loads a bertjax workdir's checkpoint or a Hugging Face model directory.
 
   Args:
     path: a workdir with ``checkpoints/`` (trained or imported by bertjax), or
       an HF directory (config.json + model.safetensors / pytorch_model.bin +
-      tokenizer files), read without writing anything.
-    step: for a workdir, the checkpoint step (default the latest).
+      tokenizer files), read without writing anything; or a fine-tuning
+      workdir (``python -m bertjax.finetune``).
+    step: for a workdir, the checkpoint step (default the latest; for a
+      fine-tuning workdir, its best evaluation's).
 
   Returns:
-    A Model.
+    A Model; for a fine-tuning workdir a ``finetune.inference.FineTuned``,
+    whose ``predict`` gives the task's predictions.
   """
   from bertjax import checkpointing
   from bertjax.convert import workdir as workdir_lib
+  from bertjax.finetune import inference
+  if inference.is_workdir(path):
+    return inference.load(path, step)
   if paths.isdir(paths.join(path, "checkpoints")):
     # Reads without the workdir's lock (a run may be training there) and
     # without orbax's notices about opening it read-only.

@@ -113,6 +113,8 @@ _SAFE_FIELDS = (
     # Fine-tuning: where TFDS tasks live, decoding, which metric picks the best.
     "tfds_data_dir", "max_answer_tokens", "max_answer_words", "main_metric", "max_eval_examples",
     "no_answer", "no_answer_threshold",
+    # What the run records of its task for bertjax.load (finetune/inference.py).
+    "output_names",
     # Fine-tuning: what the finished model predicts (loop.predict_all).
     "predict_files", "predict_split")
 
@@ -134,7 +136,7 @@ DEFAULTS: dict[str, Any] = {
     "allow_changes": "", "restart_from_scratch": False, "single_segment": False,
     "encoder": "bert", "gdes": False, "mixture": "",
     "unanswerable_fraction": 0.0, "no_answer": "auto", "no_answer_threshold": 0.0,
-    "predict_files": "", "predict_split": "",
+    "predict_files": "", "predict_split": "", "output_names": "",
 }
 
 _ABSENT = "(absent)"

@@ -151,7 +151,7 @@ def test_files_where_directories_belong_get_one_sentence(spanbert, tmp_path):
   assert a_file.read_text() == "x"
 
 
-def test_finetuning_workdir_export_says_what_to_export(spanbert, tmp_path):
+def test_finetuning_workdir_export_says_what_to_export_and_load_predicts(spanbert, tmp_path):
   from bertjax import config_files
   from bertjax.finetune import loop
   workdir, _ = spanbert
@@ -165,9 +165,20 @@ def test_finetuning_workdir_export_says_what_to_export(spanbert, tmp_path):
   line = _one_sentence(_cli(f"--to_hf={tmp_path / 'hf'}", f"--workdir={finetuned}"))
   assert "is a fine-tuning workdir" in line and "its --init" in line
   assert not (tmp_path / "hf").exists()
-  import bertjax  # --fill_mask and bertjax.load say the same
-  with pytest.raises(ValueError, match=r"is a fine-tuning workdir .*its --init"):
-    bertjax.load(finetuned)
+  # bertjax.load gives the fine-tuned classifier: the same predictions as
+  # the run's own evaluation of those pairs (one epoch: best = last).
+  import json
+  import bertjax
+  from bertjax.finetune import tasks as tasks_lib
+  model = bertjax.load(finetuned)
+  pairs = [(ex["text_a"], ex["text_b"]) for ex in tasks_lib.load(config).eval[:8]]
+  got = model.predict(pairs)
+  evaluated = [json.loads(l) for l in
+               (tmp_path / "ft" / "predictions_validation.jsonl").read_text().splitlines()]
+  assert [r["prediction"] for r in got] == [r["prediction"] for r in evaluated]
+  assert [r["text_b"] for r in got] == [b for _, b in pairs]
+  with pytest.raises(ValueError, match="takes a text or a \\(text, text\\) pair"):
+    model.predict([("only one",)])
 
 
 def test_deberta_emd_table_survives_export_import_export(tmp_path):

@@ -119,6 +119,17 @@ def test_unanswerable_cloze_questions_are_told_apart_by_a_pretrained_encoder(tmp
     margins = np.array([p["no_answer_margin"] for p in preds], np.float64)
     assert np.array_equal(said_none, margins > 0.0)  # the default threshold
     runs[name] = _auc(margins, unanswerable)
+    if name == "trained":
+      # bertjax.load on the workdir, at the step of that evaluation, answers
+      # as the evaluation did, "no answer" included.
+      import bertjax
+      from bertjax.finetune import tasks as tasks_lib
+      questions = tasks_lib.load(_finetune_config("cloze_qa", **kw)).eval[:12]
+      got = bertjax.load(str(tmp_path / name), step=result["step"]).predict(
+          [{"question": q["question"], "context": q["context"]} for q in questions])
+      assert [r["prediction"] for r in got] == [p["prediction"] for p in preds[:12]]
+      assert [r["no_answer_margin"] for r in got] == pytest.approx(
+          [p["no_answer_margin"] for p in preds[:12]], abs=1e-4)
   # Does the no-answer margin rank unanswerable questions above answerable
   # ones? With about 100 of each, a margin that knows nothing has an AUC of
   # 0.5 with a standard error of sqrt(201 / (12 * 100 * 100)) = 0.041; the
@@ -349,6 +360,15 @@ def test_local_csv_and_conll_files_learn_a_visible_rule(pretrained, tmp_path):
   pairs = [(w.isdigit(), t == "B-NUM") for p in tagged for w, t in zip(p["words"],
                                                                         p["prediction"])]
   assert np.mean([a == b for a, b in pairs]) > 0.95
+  # bertjax.load on the workdirs predicts what the files got, from Python.
+  import bertjax
+  tagger = bertjax.load(str(tmp_path / "conll"))
+  assert [r["prediction"] for r in tagger.predict([p["words"] for p in tagged[:16]])] == \
+      [p["prediction"] for p in tagged[:16]]
+  classifier = bertjax.load(str(tmp_path / "csv"))
+  got = classifier.predict([p["text_a"] for p in preds[:16]])
+  assert [r["prediction"] for r in got] == [p["prediction"] for p in preds[:16]]
+  assert got[0]["probabilities"] == pytest.approx(preds[0]["probabilities"], abs=1e-5)
 
 
 def test_tokenizer_offsets_point_at_each_piece(pretrained):

@@ -158,6 +158,9 @@ def run_config(config, task: tasks_lib.Task, num_train: int) -> ml_collections.C
   checks.check_steps(c, num_train)
   c.task_kind = task.kind
   c.num_labels = task.num_outputs
+  c.output_names = "\t".join(task.label_names)  # for bertjax.load (finetune.inference)
+  # Resolved, so that a model loaded without its task decodes as the run did.
+  c.no_answer = "on" if tasks_lib.predicts_no_answer(config, task) else "off"
   c.steps_per_epoch = num_train // c.batch_size
   c.num_train_steps = int(round(c.num_epochs * c.steps_per_epoch))
   c.warmup_steps = int(c.warmup_fraction * c.num_train_steps)
