@@ -162,9 +162,6 @@ def test_finetuning_workdir_export_says_what_to_export_and_load_predicts(spanber
     setattr(config, k, v)
   finetuned = str(tmp_path / "ft")
   loop.run(config, workdir, finetuned)
-  line = _one_sentence(_cli(f"--to_hf={tmp_path / 'hf'}", f"--workdir={finetuned}"))
-  assert "is a fine-tuning workdir" in line and "its --init" in line
-  assert not (tmp_path / "hf").exists()
   # bertjax.load gives the fine-tuned classifier: the same predictions as
   # the run's own evaluation of those pairs (one epoch: best = last).
   import json
@@ -179,6 +176,29 @@ def test_finetuning_workdir_export_says_what_to_export_and_load_predicts(spanber
   assert [r["text_b"] for r in got] == [b for _, b in pairs]
   with pytest.raises(ValueError, match="takes a text or a \\(text, text\\) pair"):
     model.predict([("only one",)])
+  # --to_hf writes it as BertForSequenceClassification (SpanBERT is a BERT;
+  # pooling 'first' is BERT's pooler), which computes the same probabilities.
+  import torch
+  import transformers
+  from bertjax.finetune import features as features_lib
+  proc = _cli(f"--to_hf={tmp_path / 'hf'}", f"--workdir={finetuned}")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert json.loads(proc.stdout.strip().splitlines()[-1])["architecture"] == \
+      "BertForSequenceClassification"
+  hf, info = transformers.AutoModelForSequenceClassification.from_pretrained(
+      str(tmp_path / "hf"), output_loading_info=True)
+  assert not any(info.values()), info  # nothing missing, unexpected or mismatched
+  assert hf.config.id2label == {0: "other_document", 1: "continuation"}
+  examples = [{"text_a": a, "text_b": b, "label": 0} for a, b in pairs]
+  feats = features_lib.build(model._encoder, model.task, examples, model.config)  # noqa: SLF001
+  tokens = torch.tensor(feats["tokens"], dtype=torch.long)
+  with torch.no_grad():
+    logits = hf.eval()(input_ids=tokens, token_type_ids=torch.tensor(
+        feats["segment_ids"], dtype=torch.long), attention_mask=(tokens != 0).long()).logits
+  probs = torch.softmax(logits, -1).numpy()
+  ours = np.array([[r["probabilities"][n] for n in ("other_document", "continuation")]
+                   for r in got])
+  np.testing.assert_allclose(probs, ours, atol=1e-5)
 
 
 def test_deberta_emd_table_survives_export_import_export(tmp_path):

@@ -64,7 +64,9 @@ def main(argv):
     result = workdir_lib.export_hf(_WORKDIR.value, _TO_HF.value, _STEP.value,
                                    _MODEL_TYPE.value, overwrite=_OVERWRITE.value)
     print(json.dumps({"exported_step": result["step"], "to": _TO_HF.value,
-                      "tokenizer_files": result["tokenizer_files"]}), flush=True)
+                      "tokenizer_files": result["tokenizer_files"],
+                      **({"architecture": result["architecture"]}
+                         if "architecture" in result else {})}), flush=True)
     return
   model_type = hf_files.read_config(_FROM_HF.value).get("model_type", "")
   mapping = convert.mapping_for_hf(model_type)

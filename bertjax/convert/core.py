@@ -9,7 +9,7 @@ needs because its sizes need not be a row of ``bertjax/models/sizes.py``.
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 import numpy as np
 
@@ -219,13 +219,15 @@ def hf_to_params(mapping: ModuleType, config: Mapping[str, Any],
 
 def params_to_hf(mapping: ModuleType, config: Mapping[str, Any],
                  params: Mapping[str, Any], order: np.ndarray | None,
-                 kept: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+                 kept: Mapping[str, np.ndarray] | None = None,
+                 heads: Collection[str] | None = None) -> dict[str, np.ndarray]:
   """The HF state dict (full ``HF_ARCHITECTURE`` names) of bertjax params.
 
   ``kept`` holds the rows an import dropped (``dropped_rows``); rows a
   ``skip_rows`` rule needs and ``kept`` lacks are written as zeros.
+  ``heads``: only the rules of these parts ('encoder', 'pooler', ...); None = all.
   """
   kept = kept or {}
   return {rule.hf: R.to_hf(rule, np.asarray(R.get_path(params, rule.path)), order,
                            kept.get(rule.hf))
-          for rule in mapping.rules(config)}
+          for rule in mapping.rules(config) if heads is None or rule.head in heads}

@@ -303,7 +303,7 @@ def _bertjax_tokenizer_files(config: dict[str, Any], workdir: str, out_dir: str)
   return spm_export.write(config, str(models[0]), out_dir)
 
 
-def _kept_tensors(config: dict[str, Any]) -> dict[str, np.ndarray]:
+def kept_tensors(config: dict[str, Any]) -> dict[str, np.ndarray]:
   path = config.get("hf_kept_tensors")
   if not path:
     return {}
@@ -336,7 +336,11 @@ def export_hf(workdir: str, out_dir: str, step: int | None = None,
     {'step': the exported step, 'tokenizer_files': names written}.
   """
   from bertjax import batch as batch_lib
+  from bertjax.convert import finetuned
+  from bertjax.finetune import inference
   paths.require_directory(workdir, "--workdir")
+  if inference.is_workdir(workdir):
+    return finetuned.export(workdir, out_dir, step, model_type, overwrite)
   earlier = export_target.check(out_dir, workdir, overwrite)
   workdir = paths.absolute(workdir)
   config, params, step = load_params(workdir, step)
@@ -360,7 +364,7 @@ def export_hf(workdir: str, out_dir: str, step: int | None = None,
   pad_id = special[0] if special else batch_lib.PAD_ID
   if hasattr(mapping, "fold_params"):  # e.g. DeBERTa-v3's embedding delta
     params = mapping.fold_params(dims, params)
-  kept = _kept_tensors(config)
+  kept = kept_tensors(config)
   tensors = core.params_to_hf(mapping, dims, params, core.vocab_order(config), kept)
   # Whole tensors an import kept that no rule writes (DeBERTa's EMD table).
   for name in getattr(mapping, "KEPT_WHOLE", ()):
@@ -375,10 +379,15 @@ def export_hf(workdir: str, out_dir: str, step: int | None = None,
   for subdir, (companion_config, companion) in companions.items():
     hf_files.write(paths.join(out_dir, subdir), companion_config, companion)
     written += [f"{subdir}/{CONFIG_FILE}", f"{subdir}/{hf_files.SAFETENSORS}"]
-  tok_path = config.get("tokenizer_path")
-  if config.get("tokenizer") == "hf" and tok_path and paths.isdir(tok_path):
-    files = hf_files.copy_tokenizer_files(tok_path, out_dir)
-  else:
-    files = _bertjax_tokenizer_files(config, workdir, out_dir)
+  files = tokenizer_files(config, workdir, out_dir)
   export_target.write_manifest(out_dir, written + files, workdir, step)
   return {"step": step, "tokenizer_files": files}
+
+
+def tokenizer_files(config: dict[str, Any], workdir: str, out_dir: str) -> list[str]:
+  """Writes the tokenizer of a workdir's model into an export; the names
+  written: an import's own files, or the sentencepiece model bertjax trained."""
+  tok_path = config.get("tokenizer_path")
+  if config.get("tokenizer") == "hf" and tok_path and paths.isdir(tok_path):
+    return hf_files.copy_tokenizer_files(tok_path, out_dir)
+  return _bertjax_tokenizer_files(config, workdir, out_dir)

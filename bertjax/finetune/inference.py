@@ -17,6 +17,7 @@ readable; everything runs in float32 with dropout off.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Sequence
 
 import jax
@@ -61,7 +62,7 @@ def _saved(workdir: str, step: int | None) -> tuple[str, int, dict[str, Any]]:
   return paths.join(workdir, subdir), step, config
 
 
-def _output_names(cfg) -> tuple[str, ...]:
+def output_names(cfg) -> tuple[str, ...]:
   """The class or tag names the head's outputs stand for."""
   if cfg.get("output_names"):
     return tuple(cfg.output_names.split("\t"))
@@ -122,19 +123,46 @@ class FineTuned:
       raise ValueError("predict takes texts or (text, text) pairs, not both in one call.")
     return out
 
-  def predict(self, inputs, batch_size: int = 32) -> list[dict[str, Any]]:
-    """One record per input (module docstring)."""
+  def logits(self, inputs, batch_size: int = 32
+             ) -> tuple[list[dict[str, Any]], dict[str, np.ndarray], np.ndarray]:
+    """(examples, features, float32 head outputs per feature row) of
+    ``inputs``: [rows, classes], [rows, length, tags] or [rows, length, 2]
+    (QA start/end; a question may fill several rows). Token ids in the
+    features are bertjax's (``tokenizer.to_hf_ids`` maps an import's back)."""
     from bertjax.finetune import loop
     examples = self._examples(inputs)
     if not examples:
-      return []
+      raise ValueError("predict takes at least one input.")
     feats = features_lib.build(self._encoder, self.task, examples, self.config)
-    logits = loop.predict(self._step, self._params, feats, self.kind, batch_size, self._mesh)
+    return examples, feats, loop.predict(self._step, self._params, feats, self.kind,
+                                         batch_size, self._mesh)
+
+  def predict(self, inputs, batch_size: int = 32) -> list[dict[str, Any]]:
+    """One record per input (module docstring)."""
+    if isinstance(inputs, Sequence) and not isinstance(inputs, str) and not inputs:
+      return []
+    examples, feats, logits = self.logits(inputs, batch_size)
     return predict_lib.records(self.task, examples, feats, logits, self.config)
 
+  @property
+  def tokenizer(self):
+    return self._encoder.tokenizer
 
-def load(workdir: str, step: int | None = None) -> FineTuned:
-  """The fine-tuned model of ``workdir`` (module docstring)."""
+
+@dataclasses.dataclass
+class Saved:
+  """What a fine-tuning workdir's checkpoint holds, read (``read``)."""
+  config: Any  # the run's ConfigDict
+  step: int
+  init: str  # the --init path it was fine-tuned from
+  fields: dict[str, Any]  # the encoder's config fields (from the init)
+  tokenizer: Any
+  model: Any  # heads.FineTuneModel
+  params: Any  # numpy: {'encoder': ..., 'head': ...}
+
+
+def read(workdir: str, step: int | None = None) -> Saved:
+  """The checkpoint ``load`` loads (module docstring), as numpy."""
   import ml_collections
   import orbax.checkpoint as ocp
   from flax import linen as nn
@@ -151,9 +179,6 @@ def load(workdir: str, step: int | None = None) -> FineTuned:
                      "architecture and tokenizer are read from there, so put it back "
                      "at that path.")
   fields, _, tokenizer = encoder_init.load_init(init)
-  separators, single = encoder_init.encoder_layout(fields)
-  encoder = features_lib.Encoder(tokenizer, cfg.seq_len, pair_separators=separators,
-                                 single_segment=single)
   kind = cfg.task_kind
   model = heads.build(core.build_model(fields), "sequence" if kind in (
       "classification", "regression") else ("token" if kind == "tagging" else "span"),
@@ -172,4 +197,15 @@ def load(workdir: str, step: int | None = None) -> FineTuned:
         restore_args=ocp.checkpoint_utils.construct_restore_args(item))))
     manager.close()
   params = jax.tree.map(np.asarray, restored["state"]["params"])
-  return FineTuned(cfg, model, params, encoder, _output_names(cfg))
+  return Saved(cfg, step, init, dict(fields), tokenizer, model, params)
+
+
+def load(workdir: str, step: int | None = None) -> FineTuned:
+  """The fine-tuned model of ``workdir`` (module docstring)."""
+  from bertjax.finetune import encoder_init
+  saved = read(workdir, step)
+  separators, single = encoder_init.encoder_layout(saved.fields)
+  encoder = features_lib.Encoder(saved.tokenizer, saved.config.seq_len,
+                                 pair_separators=separators, single_segment=single)
+  return FineTuned(saved.config, saved.model, saved.params, encoder,
+                   output_names(saved.config))

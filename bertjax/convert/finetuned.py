@@ -1,0 +1,124 @@
+"""A fine-tuned model (a ``bertjax.finetune`` workdir) written as a Hugging
+Face task model: ``python -m bertjax.convert --to_hf=DIR --workdir=FT``.
+
+The encoder is written as the pretraining export writes it (its parts only:
+no MLM or sentence head), the head as transformers' class for the task, so
+that ``AutoModelFor<Task>.from_pretrained(DIR)`` loads every weight and
+computes what bertjax computes:
+
+  classification, regression  BERT, SpanBERT, ALBERT: ``*ForSequenceClassification``:
+                              the pooler (dense, tanh over [CLS]) and
+                              ``classifier``. Pooling ``pooler`` writes the
+                              encoder's pooler; ``first`` writes the head's own
+                              dense+tanh as the pooler (the same function; only
+                              where dropout sat in training differs).
+                              RoBERTa: ``RobertaForSequenceClassification``,
+                              whose ``classifier.dense``/``out_proj`` is the
+                              ``first`` head exactly.
+  tagging                     ``*ForTokenClassification`` (``classifier``).
+  qa                          ``*ForQuestionAnswering`` (``qa_outputs``).
+
+Refused, with why: ``mean`` pooling (no transformers class averages tokens),
+and encoders other than BERT, SpanBERT, RoBERTa and ALBERT (ELECTRA's
+sequence head applies GELU, not tanh; DeBERTa's pools differently). The
+tokenizer comes from the run's ``--init``, as the pretraining export writes it.
+The label names go into ``id2label``/``label2id``; regression sets
+``problem_type``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from bertjax import paths
+from bertjax.convert import core
+from bertjax.convert import export_target
+from bertjax.convert import hf_files
+
+_CLASS_PREFIX = {"bert": "Bert", "roberta": "Roberta", "albert": "Albert"}
+_SUFFIX = {"classification": "ForSequenceClassification",
+           "regression": "ForSequenceClassification",
+           "tagging": "ForTokenClassification", "qa": "ForQuestionAnswering"}
+
+
+def _linear(name: str, params: dict[str, Any]) -> dict[str, np.ndarray]:
+  """An ``nn.Linear``'s weight [out, in] and bias from a Dense's params."""
+  return {f"{name}.weight": np.ascontiguousarray(np.asarray(params["kernel"]).T),
+          f"{name}.bias": np.asarray(params["bias"])}
+
+
+def _head_tensors(model_type: str, prefix: str, kind: str, pooling: str,
+                  head: dict[str, Any]) -> tuple[tuple[str, ...], dict[str, np.ndarray]]:
+  """(encoder parts to write, the head's tensors) for the task's HF class."""
+  if kind in ("tagging", "qa"):
+    return ("encoder",), _linear("classifier" if kind == "tagging" else "qa_outputs",
+                                 head["out"])
+  if model_type == "roberta":
+    if pooling != "first":
+      raise ValueError(f"A RoBERTa fine-tuned with pooling={pooling!r} has no "
+                       "transformers class; only pooling='first' "
+                       "(RobertaClassificationHead) exports.")
+    return ("encoder",), {**_linear("classifier.dense", head["dense"]),
+                          **_linear("classifier.out_proj", head["out"])}
+  if pooling == "pooler":
+    return ("encoder", "pooler"), _linear("classifier", head["out"])
+  # 'first': the head's dense+tanh over [CLS] is BERT's pooler.
+  return ("encoder",), {**_linear(f"{prefix}pooler.dense", head["dense"]),
+                        **_linear("classifier", head["out"])}
+
+
+def export(workdir: str, out_dir: str, step: int | None = None,
+           model_type: str | None = None, overwrite: bool = False) -> dict[str, Any]:
+  """Writes the fine-tuning workdir's model (its best evaluation's, or
+  ``step``'s) as an HF task model; returns {'step', 'tokenizer_files',
+  'architecture'}."""
+  from bertjax import convert
+  from bertjax.convert import workdir as workdir_lib
+  from bertjax.finetune import inference
+  earlier = export_target.check(out_dir, workdir, overwrite)
+  saved = inference.read(workdir, step)
+  cfg, kind = saved.config, saved.config.task_kind
+  if kind in ("classification", "regression") and cfg.pooling == "mean":
+    raise ValueError(f"{workdir} was fine-tuned with pooling='mean', which no "
+                     "transformers class computes; fine-tune with pooling='first' or "
+                     "'pooler' to export it.")
+  dims = core.model_dims(saved.fields)
+  if model_type:
+    dims["hf_model_type"] = model_type
+  mapping = convert.mapping_for_config(dims)
+  if mapping.MODEL_TYPE not in _CLASS_PREFIX or dims["model"] not in (
+      "bert", "spanbert", "albert"):
+    raise ValueError(f"Exporting a fine-tuned {dims['model']!r} encoder (HF "
+                     f"{mapping.MODEL_TYPE!r}) is not supported; fine-tuned BERT, "
+                     "SpanBERT, RoBERTa and ALBERT models export.")
+  parts, head = _head_tensors(mapping.MODEL_TYPE, mapping.BASE_PREFIX, kind, cfg.pooling,
+                              saved.params["head"])
+  tensors = core.params_to_hf(mapping, dims, saved.params["encoder"],
+                              core.vocab_order(saved.fields),
+                              workdir_lib.kept_tensors(saved.fields), heads=parts)
+  tensors.update(head)
+  architecture = _CLASS_PREFIX[mapping.MODEL_TYPE] + _SUFFIX[kind]
+  special = saved.fields.get("hf_special_ids")
+  from bertjax import batch as batch_lib
+  config = dict(mapping.hf_config(dims, special[0] if special else batch_lib.PAD_ID))
+  names = inference.output_names(cfg)
+  config["architectures"] = [architecture]
+  if kind == "regression":
+    config.update(num_labels=1, problem_type="regression")
+  elif names:
+    config.update(id2label={str(i): n for i, n in enumerate(names)},
+                  label2id={n: i for i, n in enumerate(names)})
+    if kind == "classification":
+      config["problem_type"] = "single_label_classification"
+  export_target.remove_earlier(out_dir, earlier)
+  hf_files.write(out_dir, config, tensors)
+  written = [workdir_lib.CONFIG_FILE, hf_files.SAFETENSORS]
+  if not paths.isdir(paths.join(saved.init, "checkpoints")):  # an HF model directory
+    files = hf_files.copy_tokenizer_files(saved.init, out_dir)
+  else:
+    files = workdir_lib.tokenizer_files(saved.fields, saved.init, out_dir)
+  export_target.write_manifest(out_dir, written + files, paths.absolute(workdir),
+                               saved.step)
+  return {"step": saved.step, "tokenizer_files": files, "architecture": architecture}

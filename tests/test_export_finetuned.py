@@ -1,0 +1,134 @@
+"""A fine-tuned model written for transformers (``--to_hf`` of a fine-tuning
+workdir): each exported head class loads with no missing or unexpected
+weight and computes bertjax's head outputs on the same token ids."""
+
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="export parity needs torch (the hf extra)")
+transformers = pytest.importorskip("transformers")
+
+from bertjax import config_files  # noqa: E402
+from bertjax.convert import workdir as workdir_lib  # noqa: E402
+from bertjax.finetune import inference  # noqa: E402
+from bertjax.finetune import loop  # noqa: E402
+
+WORDS = "the cat sat on mat dog a".split()
+
+
+def _tiny(cls_config, cls_model, path, **extra):
+  torch.manual_seed(0)
+  config = cls_config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                      intermediate_size=48, hidden_dropout_prob=0.0,
+                      attention_probs_dropout_prob=0.0, **extra)
+  cls_model(config).save_pretrained(path)
+
+
+@pytest.fixture(scope="module")
+def hf_inits(tmp_path_factory):
+  """A tiny random BERT (WordPiece) and RoBERTa (byte-level BPE) directory."""
+  bert = str(tmp_path_factory.mktemp("bert"))
+  vocab = (["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS + ["##s"]
+           + [f"w{i}" for i in range(20)])
+  _tiny(transformers.BertConfig, transformers.BertForPreTraining, bert,
+        vocab_size=len(vocab), max_position_embeddings=64)
+  with open(os.path.join(bert, "vocab.txt"), "w") as f:
+    f.write("\n".join(vocab) + "\n")
+  roberta = str(tmp_path_factory.mktemp("roberta"))
+  from tokenizers import ByteLevelBPETokenizer
+  bpe = ByteLevelBPETokenizer()
+  bpe.train_from_iterator([" ".join(WORDS)] * 20, vocab_size=300, min_frequency=1,
+                          special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+  bpe.save_model(roberta)
+  _tiny(transformers.RobertaConfig, transformers.RobertaForMaskedLM, roberta,
+        vocab_size=bpe.get_vocab_size(), max_position_embeddings=70, pad_token_id=1,
+        type_vocab_size=1)
+  return {"bert": bert, "roberta": roberta}
+
+
+def _finetune(tmp_path, init, train_file, **overrides):
+  config = config_files.shipped("finetune").get_config("local")
+  for k, v in dict(train_files=str(train_file), eval_files=str(train_file), seq_len=32,
+                   batch_size=8, num_epochs=1.0, learning_rate=1e-3, log_every_steps=1000,
+                   checkpoint_every_steps=1000, **overrides).items():
+    setattr(config, k, v)
+  workdir = str(tmp_path / "ft")
+  loop.run(config, init, workdir)
+  return workdir
+
+
+def _ours_and_theirs(workdir, out, auto_class, inputs):
+  """bertjax's head outputs and the exported model's on the same ids."""
+  workdir_lib.export_hf(workdir, out)
+  model = inference.load(workdir)
+  _, feats, ours = model.logits(inputs)
+  hf, info = auto_class.from_pretrained(out, output_loading_info=True)
+  assert not any(info.values()), info  # nothing missing, unexpected or mismatched
+  to_hf = getattr(model.tokenizer, "to_hf_ids", np.asarray)
+  ids = torch.tensor(np.asarray(to_hf(feats["tokens"])), dtype=torch.long)
+  kwargs = {"attention_mask": torch.tensor(feats["tokens"] != 0, dtype=torch.long)}
+  if hf.config.type_vocab_size > 1:
+    kwargs["token_type_ids"] = torch.tensor(feats["segment_ids"], dtype=torch.long)
+  with torch.no_grad():
+    out = hf.eval()(input_ids=ids, **kwargs)
+  if hasattr(out, "start_logits"):
+    theirs = torch.stack([out.start_logits, out.end_logits], -1).numpy()
+  else:
+    theirs = out.logits.numpy()
+  return ours, theirs, hf, feats
+
+
+def test_roberta_sequence_classifier_exports_as_roberta_for_sequence_classification(
+    hf_inits, tmp_path):
+  rows = [(" ".join(np.random.default_rng(i).choice(WORDS, 5)), "yes" if i % 2 else "no")
+          for i in range(16)]
+  (tmp_path / "train.csv").write_text("sentence,label\n" + "".join(
+      f"{s},{label}\n" for s, label in rows))
+  workdir = _finetune(tmp_path, hf_inits["roberta"], tmp_path / "train.csv")
+  ours, theirs, hf, _ = _ours_and_theirs(
+      workdir, str(tmp_path / "hf"), transformers.AutoModelForSequenceClassification,
+      [s for s, _ in rows])
+  assert type(hf).__name__ == "RobertaForSequenceClassification"
+  assert hf.config.id2label == {0: "no", 1: "yes"}
+  np.testing.assert_allclose(theirs, ours, atol=1e-4)
+  # A mean-pooled head has no transformers class: refused before writing.
+  (tmp_path / "mean").mkdir()
+  mean = _finetune(tmp_path / "mean", hf_inits["roberta"], tmp_path / "train.csv",
+                   pooling="mean")
+  with pytest.raises(ValueError, match="pooling='mean', which no transformers class"):
+    workdir_lib.export_hf(mean, str(tmp_path / "hf_mean"))
+  assert not (tmp_path / "hf_mean").exists()
+
+
+def test_bert_tagger_and_reader_export_as_token_classification_and_qa(hf_inits, tmp_path):
+  rng = np.random.default_rng(0)
+  (tmp_path / "tags.conll").write_text("".join(
+      "".join(f"{w} {'B-X' if w == 'cat' else 'O'}\n" for w in rng.choice(WORDS, 6)) + "\n"
+      for _ in range(16)))
+  (tmp_path / "tag").mkdir()
+  tagger = _finetune(tmp_path / "tag", hf_inits["bert"], tmp_path / "tags.conll")
+  sentences = [list(rng.choice(WORDS, 6)) for _ in range(4)]
+  ours, theirs, hf, feats = _ours_and_theirs(
+      tagger, str(tmp_path / "hf_tag"), transformers.AutoModelForTokenClassification,
+      sentences)
+  assert type(hf).__name__ == "BertForTokenClassification"
+  real = feats["tokens"] != 0
+  np.testing.assert_allclose(theirs[real], ours[real], atol=1e-4)
+  # Extractive QA: a SQuAD file; start/end logits on the real tokens.
+  import json
+  qas = [{"id": str(i), "question": "the cat ?",
+          "answers": [{"text": "cat", "answer_start": 4}]} for i in range(16)]
+  (tmp_path / "qa.json").write_text(json.dumps(
+      {"data": [{"paragraphs": [{"context": "the cat sat on a mat", "qas": qas}]}]}))
+  (tmp_path / "qa").mkdir()
+  reader = _finetune(tmp_path / "qa", hf_inits["bert"], tmp_path / "qa.json", doc_stride=8)
+  ours, theirs, hf, feats = _ours_and_theirs(
+      reader, str(tmp_path / "hf_qa"), transformers.AutoModelForQuestionAnswering,
+      [{"question": "the dog ?", "context": "a dog sat on the mat"}])
+  assert type(hf).__name__ == "BertForQuestionAnswering"
+  # bertjax's decoding rules out all but the context and [CLS]: compare there.
+  scored = feats["context_mask"].copy()
+  scored[:, 0] = True
+  np.testing.assert_allclose(theirs[scored], ours[scored], atol=1e-4)
