@@ -62,7 +62,7 @@ _LAYOUT_FIELDS = (
     "hf_special_ids", "hf_model_type", "hf_position_offset",
     # Fine-tuning (configs/finetune.py): the task and its head.
     "task", "task_kind", "num_labels", "text_fields", "label_field", "label_names",
-    "pooling", "random_init")
+    "pooling", "random_init", "head_activation")
 _STREAM_FIELDS = (
     # data source and packing
     "dataset", "text_files", "text_feature", "train_split", "mixture", "layout",
@@ -136,7 +136,7 @@ DEFAULTS: dict[str, Any] = {
     "allow_changes": "", "restart_from_scratch": False, "single_segment": False,
     "encoder": "bert", "gdes": False, "mixture": "",
     "unanswerable_fraction": 0.0, "no_answer": "auto", "no_answer_threshold": 0.0,
-    "predict_files": "", "predict_split": "", "output_names": "",
+    "predict_files": "", "predict_split": "", "output_names": "", "head_activation": "tanh",
 }
 
 _ABSENT = "(absent)"

@@ -42,6 +42,9 @@ def get_config(arg: str = "coherence") -> ml_collections.ConfigDict:
   c.random_init = False  # keep --init's architecture and tokenizer, not its weights
   c.pooling = "first"  # sequence head: 'first' token | 'mean' of tokens (dense+tanh) | the encoder's 'pooler'
   c.head_dropout = 0.1  # dropout on the head's input
+  # after the first/mean head's dense layer: 'tanh' (BERT's pooler, RoBERTa's
+  # head) | 'gelu' (ELECTRA's classification head)
+  c.head_activation = "tanh"
   c.seq_len = 384 if squad else 128
   c.doc_stride = 128 if squad else 32  # QA: tokens between window starts
   c.max_query_tokens = 64  # QA: the question is cut to this many tokens

@@ -28,13 +28,19 @@ def _tiny(cls_config, cls_model, path, **extra):
 
 @pytest.fixture(scope="module")
 def hf_inits(tmp_path_factory):
-  """A tiny random BERT (WordPiece) and RoBERTa (byte-level BPE) directory."""
+  """A tiny random BERT and ELECTRA (WordPiece) and RoBERTa (byte-level BPE)
+  directory."""
   bert = str(tmp_path_factory.mktemp("bert"))
   vocab = (["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS + ["##s"]
            + [f"w{i}" for i in range(20)])
   _tiny(transformers.BertConfig, transformers.BertForPreTraining, bert,
         vocab_size=len(vocab), max_position_embeddings=64)
   with open(os.path.join(bert, "vocab.txt"), "w") as f:
+    f.write("\n".join(vocab) + "\n")
+  electra = str(tmp_path_factory.mktemp("electra"))
+  _tiny(transformers.ElectraConfig, transformers.ElectraForPreTraining, electra,
+        vocab_size=len(vocab), max_position_embeddings=64, embedding_size=16)
+  with open(os.path.join(electra, "vocab.txt"), "w") as f:
     f.write("\n".join(vocab) + "\n")
   roberta = str(tmp_path_factory.mktemp("roberta"))
   from tokenizers import ByteLevelBPETokenizer
@@ -45,7 +51,7 @@ def hf_inits(tmp_path_factory):
   _tiny(transformers.RobertaConfig, transformers.RobertaForMaskedLM, roberta,
         vocab_size=bpe.get_vocab_size(), max_position_embeddings=70, pad_token_id=1,
         type_vocab_size=1)
-  return {"bert": bert, "roberta": roberta}
+  return {"bert": bert, "roberta": roberta, "electra": electra}
 
 
 def _finetune(tmp_path, init, train_file, **overrides):
@@ -80,26 +86,35 @@ def _ours_and_theirs(workdir, out, auto_class, inputs):
   return ours, theirs, hf, feats
 
 
-def test_roberta_sequence_classifier_exports_as_roberta_for_sequence_classification(
-    hf_inits, tmp_path):
+@pytest.mark.parametrize("init,activation,architecture", [
+    ("roberta", "tanh", "RobertaForSequenceClassification"),
+    ("electra", "gelu", "ElectraForSequenceClassification"),
+])
+def test_sequence_classifiers_export_as_their_transformers_class(
+    hf_inits, tmp_path, init, activation, architecture):
   rows = [(" ".join(np.random.default_rng(i).choice(WORDS, 5)), "yes" if i % 2 else "no")
           for i in range(16)]
   (tmp_path / "train.csv").write_text("sentence,label\n" + "".join(
       f"{s},{label}\n" for s, label in rows))
-  workdir = _finetune(tmp_path, hf_inits["roberta"], tmp_path / "train.csv")
+  workdir = _finetune(tmp_path, hf_inits[init], tmp_path / "train.csv",
+                      head_activation=activation)
   ours, theirs, hf, _ = _ours_and_theirs(
       workdir, str(tmp_path / "hf"), transformers.AutoModelForSequenceClassification,
       [s for s, _ in rows])
-  assert type(hf).__name__ == "RobertaForSequenceClassification"
+  assert type(hf).__name__ == architecture
   assert hf.config.id2label == {0: "no", 1: "yes"}
   np.testing.assert_allclose(theirs, ours, atol=1e-4)
-  # A mean-pooled head has no transformers class: refused before writing.
-  (tmp_path / "mean").mkdir()
-  mean = _finetune(tmp_path / "mean", hf_inits["roberta"], tmp_path / "train.csv",
-                   pooling="mean")
-  with pytest.raises(ValueError, match="pooling='mean', which no transformers class"):
-    workdir_lib.export_hf(mean, str(tmp_path / "hf_mean"))
-  assert not (tmp_path / "hf_mean").exists()
+  if init != "roberta":
+    return
+  # A mean-pooled head has no transformers class, nor has a RoBERTa head
+  # with ELECTRA's activation: refused before writing.
+  for name, change in (("mean", {"pooling": "mean"}), ("gelu", {"head_activation": "gelu"})):
+    (tmp_path / name).mkdir()
+    other = _finetune(tmp_path / name, hf_inits["roberta"], tmp_path / "train.csv", **change)
+    with pytest.raises(ValueError, match="pooling='mean', which no transformers class"
+                       if name == "mean" else "head_activation='gelu'"):
+      workdir_lib.export_hf(other, str(tmp_path / f"hf_{name}"))
+    assert not (tmp_path / f"hf_{name}").exists()
 
 
 def test_bert_tagger_and_reader_export_as_token_classification_and_qa(hf_inits, tmp_path):

@@ -14,13 +14,15 @@ computes what bertjax computes:
                               where dropout sat in training differs).
                               RoBERTa: ``RobertaForSequenceClassification``,
                               whose ``classifier.dense``/``out_proj`` is the
-                              ``first`` head exactly.
+                              ``first`` head exactly; ELECTRA:
+                              ``ElectraForSequenceClassification``, the same
+                              with ``head_activation='gelu'``.
   tagging                     ``*ForTokenClassification`` (``classifier``).
   qa                          ``*ForQuestionAnswering`` (``qa_outputs``).
 
 Refused, with why: ``mean`` pooling (no transformers class averages tokens),
-and encoders other than BERT, SpanBERT, RoBERTa and ALBERT (ELECTRA's
-sequence head applies GELU, not tanh; DeBERTa's pools differently). The
+a head whose activation is not the class's, and DeBERTa and XLNet encoders
+(not mapped: their heads pool differently). The
 tokenizer comes from the run's ``--init``, as the pretraining export writes it.
 The label names go into ``id2label``/``label2id``; regression sets
 ``problem_type``.
@@ -37,7 +39,8 @@ from bertjax.convert import core
 from bertjax.convert import export_target
 from bertjax.convert import hf_files
 
-_CLASS_PREFIX = {"bert": "Bert", "roberta": "Roberta", "albert": "Albert"}
+_CLASS_PREFIX = {"bert": "Bert", "roberta": "Roberta", "albert": "Albert",
+                 "electra": "Electra"}
 _SUFFIX = {"classification": "ForSequenceClassification",
            "regression": "ForSequenceClassification",
            "tagging": "ForTokenClassification", "qa": "ForQuestionAnswering"}
@@ -49,19 +52,27 @@ def _linear(name: str, params: dict[str, Any]) -> dict[str, np.ndarray]:
           f"{name}.bias": np.asarray(params["bias"])}
 
 
-def _head_tensors(model_type: str, prefix: str, kind: str, pooling: str,
+def _head_tensors(model_type: str, prefix: str, kind: str, cfg,
                   head: dict[str, Any]) -> tuple[tuple[str, ...], dict[str, np.ndarray]]:
   """(encoder parts to write, the head's tensors) for the task's HF class."""
   if kind in ("tagging", "qa"):
     return ("encoder",), _linear("classifier" if kind == "tagging" else "qa_outputs",
                                  head["out"])
-  if model_type == "roberta":
-    if pooling != "first":
-      raise ValueError(f"A RoBERTa fine-tuned with pooling={pooling!r} has no "
-                       "transformers class; only pooling='first' "
-                       "(RobertaClassificationHead) exports.")
+  pooling, activation = cfg.pooling, cfg.get("head_activation", "tanh")
+  if model_type in ("roberta", "electra"):
+    want = "tanh" if model_type == "roberta" else "gelu"
+    if pooling != "first" or activation != want:
+      raise ValueError(
+          f"A {model_type} sequence head exports only as transformers' own "
+          f"(the first token, dense, {want}, dense), not pooling={pooling!r} with "
+          f"head_activation={activation!r}; fine-tune with --config.pooling=first "
+          f"--config.head_activation={want} to export it.")
     return ("encoder",), {**_linear("classifier.dense", head["dense"]),
                           **_linear("classifier.out_proj", head["out"])}
+  if pooling == "first" and activation != "tanh":
+    raise ValueError(f"BERT's pooler is tanh, and this head was fine-tuned with "
+                     f"head_activation={activation!r}; fine-tune with "
+                     "--config.head_activation=tanh to export it.")
   if pooling == "pooler":
     return ("encoder", "pooler"), _linear("classifier", head["out"])
   # 'first': the head's dense+tanh over [CLS] is BERT's pooler.
@@ -88,12 +99,13 @@ def export(workdir: str, out_dir: str, step: int | None = None,
   if model_type:
     dims["hf_model_type"] = model_type
   mapping = convert.mapping_for_config(dims)
-  if mapping.MODEL_TYPE not in _CLASS_PREFIX or dims["model"] not in (
-      "bert", "spanbert", "albert"):
+  if (mapping.MODEL_TYPE not in _CLASS_PREFIX
+      or dims["model"] not in ("bert", "spanbert", "albert", "electra")
+      or dims.get("encoder", "bert") != "bert"):
     raise ValueError(f"Exporting a fine-tuned {dims['model']!r} encoder (HF "
                      f"{mapping.MODEL_TYPE!r}) is not supported; fine-tuned BERT, "
-                     "SpanBERT, RoBERTa and ALBERT models export.")
-  parts, head = _head_tensors(mapping.MODEL_TYPE, mapping.BASE_PREFIX, kind, cfg.pooling,
+                     "SpanBERT, RoBERTa, ALBERT and ELECTRA models export.")
+  parts, head = _head_tensors(mapping.MODEL_TYPE, mapping.BASE_PREFIX, kind, cfg,
                               saved.params["head"])
   tensors = core.params_to_hf(mapping, dims, saved.params["encoder"],
                               core.vocab_order(saved.fields),

@@ -47,6 +47,9 @@ def check_config(config) -> None:
   if config.pooling not in heads.POOLINGS:
     raise ValueError(f"Unknown pooling {config.pooling!r}; set --config.pooling to one of "
                      f"{', '.join(heads.POOLINGS)}.")
+  if config.get("head_activation", "tanh") not in heads.HEAD_ACTIVATIONS:
+    _fail("head_activation", config.head_activation,
+          f"it must be one of {', '.join(heads.HEAD_ACTIVATIONS)}")
   for field in ("batch_size", "log_every_steps", "checkpoint_every_steps",
                 "keep_checkpoints", "max_consecutive_skips", "doc_stride",
                 "max_query_tokens", "max_answer_tokens"):

@@ -180,9 +180,7 @@ def read(workdir: str, step: int | None = None) -> Saved:
                      "at that path.")
   fields, _, tokenizer = encoder_init.load_init(init)
   kind = cfg.task_kind
-  model = heads.build(core.build_model(fields), "sequence" if kind in (
-      "classification", "regression") else ("token" if kind == "tagging" else "span"),
-      int(cfg.num_labels), cfg.pooling, cfg.head_dropout)
+  model = heads.for_task(core.build_model(fields), kind, int(cfg.num_labels), cfg)
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   shapes = jax.eval_shape(lambda r: nn.meta.unbox(model.init(
       {"params": r, "dropout": r}, state_lib.dummy_inputs(cfg))["params"]),

@@ -331,9 +331,7 @@ def _run_held(cfg, task, fields, loaded, tokenizer, train_feats, eval_feats, to_
   """``run`` once its inputs are read and checked and the workdir is held."""
   workdir_path = epath.Path(workdir)
   from bertjax.convert import core
-  model = heads.build(core.build_model(fields), "sequence" if task.kind in (
-      "classification", "regression") else ("token" if task.kind == "tagging" else "span"),
-      task.num_outputs, cfg.pooling, cfg.head_dropout)
+  model = heads.for_task(core.build_model(fields), task.kind, task.num_outputs, cfg)
   objective = objective_lib.FineTuneObjective(task.kind)
   mesh = sharding.make_mesh(cfg.mesh_shape)
   abstract_params = jax.eval_shape(

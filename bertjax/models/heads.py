@@ -31,6 +31,12 @@ from bertjax.models import layers
 
 KINDS = ("sequence", "token", "span")
 POOLINGS = ("first", "mean", "pooler")
+# The activation after the sequence head's own dense layer: BERT's pooler
+# and RoBERTa's head use tanh, ELECTRA's classification head exact GELU.
+HEAD_ACTIVATIONS = ("tanh", "gelu")
+# Fine-tuning task kinds -> head kinds.
+TASK_HEADS = {"classification": "sequence", "regression": "sequence",
+              "tagging": "token", "qa": "span"}
 
 
 def _dense(features: int, name: str, out_axis: str | None = None) -> nn.Dense:
@@ -49,11 +55,14 @@ class TaskHead(nn.Module):
     pooling: for 'sequence': 'first' (own dense+tanh over the first token)
       or 'pooler' (the encoder's pretrained pooler output).
     dropout_rate: dropout on the head's input.
+    activation: after the 'first'/'mean' head's dense layer: 'tanh' or
+      'gelu' (exact, ELECTRA's head).
   """
   kind: str
   num_outputs: int
   pooling: str = "first"
   dropout_rate: float = 0.1
+  activation: str = "tanh"
 
   @nn.compact
   def __call__(self, encoded: Mapping[str, jax.Array], real: jax.Array,
@@ -75,7 +84,8 @@ class TaskHead(nn.Module):
         else:
           x = hidden[:, 0]
         x = drop(x, deterministic)
-        x = jnp.tanh(_dense(hidden.shape[-1], "dense")(x))
+        x = _dense(hidden.shape[-1], "dense")(x)
+        x = layers.gelu_erf(x) if self.activation == "gelu" else jnp.tanh(x)
       return _dense(self.num_outputs, "out")(drop(x, deterministic))
     if self.kind == "token":
       return _dense(self.num_outputs, "out")(drop(hidden, deterministic))
@@ -105,17 +115,27 @@ class FineTuneModel(nn.Module):
 
 
 def build(encoder: nn.Module, kind: str, num_outputs: int, pooling: str = "first",
-          dropout_rate: float = 0.1) -> FineTuneModel:
+          dropout_rate: float = 0.1, activation: str = "tanh") -> FineTuneModel:
   """``FineTuneModel`` with the submodule names ``encoder`` and ``head``."""
   if kind not in KINDS:
     raise ValueError(f"Unknown head kind {kind!r}; use one of {', '.join(KINDS)}.")
   if pooling not in POOLINGS:
     raise ValueError(f"Unknown pooling {pooling!r}; set --config.pooling to one of "
                      f"{', '.join(POOLINGS)}.")
+  if activation not in HEAD_ACTIVATIONS:
+    raise ValueError(f"Unknown head_activation {activation!r}; set "
+                     f"--config.head_activation to one of {', '.join(HEAD_ACTIVATIONS)}.")
   if getattr(encoder, "sparse_last_layer", False):
     # A head reads every row of the last layer (``BertForPretraining``).
     encoder = encoder.clone(sparse_last_layer=False)
   # Flax names module-valued fields after the field: params['encoder'], ['head'].
   return FineTuneModel(encoder=encoder,
                        head=TaskHead(kind=kind, num_outputs=num_outputs,
-                                     pooling=pooling, dropout_rate=dropout_rate))
+                                     pooling=pooling, dropout_rate=dropout_rate,
+                                     activation=activation))
+
+
+def for_task(encoder: nn.Module, task_kind: str, num_outputs: int, config) -> FineTuneModel:
+  """``build`` for a fine-tuning task kind and its config's head fields."""
+  return build(encoder, TASK_HEADS[task_kind], num_outputs, config.pooling,
+               config.head_dropout, config.get("head_activation", "tanh"))
