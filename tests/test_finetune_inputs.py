@@ -293,6 +293,19 @@ def test_files_to_predict_are_read_and_checked_before_any_work(tmp_path):
     assert not (tmp_path / "ft").exists()
 
 
+def test_a_tfds_split_to_predict_keeps_only_the_labels_tfds_does_not_hide(monkeypatch):
+  # GLUE's test splits carry label -1; TFDS itself is not prepared here, so
+  # its reader is replaced by one that returns such a split.
+  rows = [{"text_a": "x", "label": -1}, {"text_a": "y", "label": 1}]
+  monkeypatch.setattr(tasks_lib, "tfds_split",
+                      lambda config, split: ("classification", rows, ("neg", "pos")))
+  config = _finetune_config("glue/sst2", predict_split="test")
+  task = tasks_lib.Task("classification", [], [], ("neg", "pos"))
+  ((name, examples),) = predict_lib.inputs(config, task)
+  assert name == "test" and [ex["gold"] for ex in examples] == [None, "pos"]
+  assert [ex["label"] for ex in examples] == [0, 0] and rows[0]["label"] == -1
+
+
 def test_prediction_records_carry_the_input_the_prediction_and_any_gold():
   task = tasks_lib.Task("classification", [], [], ("neg", "pos"))
   examples = [{"text_a": "a", "label": 0, "gold": None},
