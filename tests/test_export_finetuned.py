@@ -28,8 +28,8 @@ def _tiny(cls_config, cls_model, path, **extra):
 
 @pytest.fixture(scope="module")
 def hf_inits(tmp_path_factory):
-  """A tiny random BERT and ELECTRA (WordPiece) and RoBERTa (byte-level BPE)
-  directory."""
+  """A tiny random BERT and ELECTRA (WordPiece), RoBERTa (byte-level BPE) and
+  ALBERT (sentencepiece) directory."""
   bert = str(tmp_path_factory.mktemp("bert"))
   vocab = (["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS + ["##s"]
            + [f"w{i}" for i in range(20)])
@@ -51,7 +51,11 @@ def hf_inits(tmp_path_factory):
   _tiny(transformers.RobertaConfig, transformers.RobertaForMaskedLM, roberta,
         vocab_size=bpe.get_vocab_size(), max_position_embeddings=70, pad_token_id=1,
         type_vocab_size=1)
-  return {"bert": bert, "roberta": roberta, "electra": electra}
+  albert = str(tmp_path_factory.mktemp("albert"))
+  from test_convert_variants import _albert_tokenizer
+  _tiny(transformers.AlbertConfig, transformers.AlbertForPreTraining, albert,
+        vocab_size=_albert_tokenizer(albert), embedding_size=16, max_position_embeddings=64)
+  return {"bert": bert, "roberta": roberta, "electra": electra, "albert": albert}
 
 
 def _finetune(tmp_path, init, train_file, **overrides):
@@ -86,18 +90,19 @@ def _ours_and_theirs(workdir, out, auto_class, inputs):
   return ours, theirs, hf, feats
 
 
-@pytest.mark.parametrize("init,activation,architecture", [
-    ("roberta", "tanh", "RobertaForSequenceClassification"),
-    ("electra", "gelu", "ElectraForSequenceClassification"),
+@pytest.mark.parametrize("init,pooling,activation,architecture", [
+    ("roberta", "first", "tanh", "RobertaForSequenceClassification"),
+    ("electra", "first", "gelu", "ElectraForSequenceClassification"),
+    ("albert", "pooler", "tanh", "AlbertForSequenceClassification"),
 ])
 def test_sequence_classifiers_export_as_their_transformers_class(
-    hf_inits, tmp_path, init, activation, architecture):
+    hf_inits, tmp_path, init, pooling, activation, architecture):
   rows = [(" ".join(np.random.default_rng(i).choice(WORDS, 5)), "yes" if i % 2 else "no")
           for i in range(16)]
   (tmp_path / "train.csv").write_text("sentence,label\n" + "".join(
       f"{s},{label}\n" for s, label in rows))
   workdir = _finetune(tmp_path, hf_inits[init], tmp_path / "train.csv",
-                      head_activation=activation)
+                      pooling=pooling, head_activation=activation)
   ours, theirs, hf, _ = _ours_and_theirs(
       workdir, str(tmp_path / "hf"), transformers.AutoModelForSequenceClassification,
       [s for s, _ in rows])

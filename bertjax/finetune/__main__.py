@@ -4,8 +4,10 @@ r"""Fine-tunes a pretrained encoder on a task.
       --init=/tmp/bertjax-demo --workdir=/tmp/ft-coherence
 
 ``--init`` is a bertjax workdir (its latest checkpoint) or a Hugging Face model
-directory; the tokenizer comes with it. Prints progress lines and, last, the
-final evaluation as one JSON line; run again to resume.
+directory; the tokenizer comes with it (a workdir that has fine-tuned before
+remembers its own, so a rerun, say to predict new ``predict_files``, may leave
+it out). Prints progress lines and, last, the final evaluation as one JSON
+line; run again to resume.
 """
 
 # Restart with malloc tunables that reuse XLA:CPU's per-step buffers before the heavy
@@ -22,9 +24,11 @@ from bertjax import config_files
 
 _CONFIG = config_files.define_config_flag(
     "Task config, e.g. configs/finetune.py:coherence (bertjax's own if not found here).")
-_INIT = flags.DEFINE_string("init", None, "bertjax workdir or Hugging Face model directory.")
+_INIT = flags.DEFINE_string(
+    "init", None, "bertjax workdir or Hugging Face model directory; a --workdir that "
+    "has fine-tuned before defaults to the one it was started from.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints and metrics go.")
-flags.mark_flags_as_required(["config", "init", "workdir"])
+flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):

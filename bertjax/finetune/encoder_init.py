@@ -45,7 +45,8 @@ def load(init: str) -> tuple[dict[str, Any], Any, Any, int | None]:
   from bertjax.convert import workdir as workdir_lib
   if not init:
     raise ValueError("No --init; pass a bertjax workdir or a Hugging Face model "
-                     "directory to fine-tune.")
+                     "directory to fine-tune (a workdir fine-tuned before remembers "
+                     "its own).")
   path = paths.absolute(init)
   if paths.exists(path) and not paths.isdir(path):
     raise ValueError(f"--init={init} is a file, not a directory; pass a bertjax workdir "
@@ -122,6 +123,12 @@ def check(workdir: str, record: dict[str, Any]) -> None:
         f"run passes {_describe(record)}, another encoder or other weights; pass a new "
         f"--workdir to fine-tune from {record['init']}, or pass --init={saved['init']} "
         "to resume this one.")
+
+
+def recorded(workdir: str) -> str | None:
+  """The --init a workdir was started from (its record), or None."""
+  path = paths.join(workdir, RECORD)
+  return paths.read_json(path)["init"] if paths.exists(path) else None
 
 
 def write(workdir: str, record: dict[str, Any]) -> None:

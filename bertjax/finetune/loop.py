@@ -296,6 +296,8 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
   if config.max_eval_examples:
     task.eval = task.eval[:config.max_eval_examples]
   to_predict = predict_lib.inputs(config, task)
+  if not init:  # a workdir that has fine-tuned before names its own
+    init = encoder_init.recorded(workdir) or ""
   fields, loaded, tokenizer, init_step = encoder_init.load(init)
   # Before the state is built: a workdir started from another init is refused.
   init_record = encoder_init.identify(init, fields, loaded, init_step)
