@@ -176,6 +176,12 @@ def test_finetuning_workdir_export_says_what_to_export_and_load_predicts(spanber
   assert [r["text_b"] for r in got] == [b for _, b in pairs]
   with pytest.raises(ValueError, match="takes a text or a \\(text, text\\) pair"):
     model.predict([("only one",)])
+  # It fills no masks: evaluate --fill_mask says so in one sentence.
+  proc = subprocess.run([sys.executable, "-m", "bertjax.evaluate", f"--workdir={finetuned}",
+                         "--fill_mask", "a [MASK] b"], capture_output=True, text=True,
+                        cwd=ROOT)
+  line = _one_sentence(proc)
+  assert "fine-tuned classification model" in line and "its --init" in line, line
   # --to_hf writes it as BertForSequenceClassification (SpanBERT is a BERT;
   # pooling 'first' is BERT's pooler), which computes the same probabilities.
   import torch

@@ -245,7 +245,7 @@ def _not_an_encoder(workdir: str, config: dict[str, Any]) -> str:
   if "task" in config:
     return (f"{workdir} is a fine-tuning workdir (python -m bertjax.finetune: "
             f"task {config['task']!r}), whose checkpoints hold a task head, not "
-            "a pretrained model to load, fill masks with or export; use the "
+            "a pretrained model to fine-tune from or fill masks with; use the "
             "pretraining workdir it was fine-tuned from (its --init) instead.")
   return (f"The checkpoints in {workdir} record no model in their config; pass "
           "--workdir a bertjax pretraining or import workdir.")

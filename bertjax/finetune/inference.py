@@ -148,6 +148,23 @@ class FineTuned:
   def tokenizer(self):
     return self._encoder.tokenizer
 
+  def _not_pretrained(self, what: str):
+    raise ValueError(
+        f"This is a fine-tuned {self.kind} model (task {self.config.task!r}), whose head "
+        f"predicts the task, not {what}; use predict(), or load the pretraining "
+        "workdir or Hugging Face directory it was fine-tuned from (its --init) for "
+        f"{what}.")
+
+  def fill_mask(self, *args, **kwargs):
+    del args, kwargs
+    self._not_pretrained("masked tokens")
+
+  def encode(self, *args, **kwargs):
+    del args, kwargs
+    self._not_pretrained("the pretrained model's outputs")
+
+  embed = encode
+
 
 @dataclasses.dataclass
 class Saved:
