@@ -440,8 +440,7 @@ def _run_held(cfg, task, fields, loaded, tokenizer, train_feats, eval_feats, to_
   record["best"] = {"step": best.best["step"],
                     cfg.main_metric: _loss_sign(cfg) * best.best["loss"]}
   if to_predict:  # with the best evaluation's parameters (predict module)
-    params = (state.params if best.best is None else
-              predict_lib.best_params(workdir, best.best["step"], abstract, shardings))
+    params = predict_lib.best_params(workdir, best.best["step"], abstract, shardings)
     for name, examples, feats in to_predict:
       logits = predict(predict_fn, params, feats, task.kind, cfg.batch_size, mesh)
       if jax.process_index() == 0:
