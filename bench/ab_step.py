@@ -51,6 +51,7 @@ from absl import flags
 
 sys.path.insert(0, os.path.dirname(__file__))
 # The benchmark's batch; importing it also defines the --config flag.
+import pointwise_vjp  # noqa: E402
 import step_bench  # noqa: E402
 from bertjax import guards  # noqa: E402
 from bertjax import models  # noqa: E402
@@ -104,7 +105,7 @@ _FEATURES = (("baseline", "guard_cond", "guard_where", "optax_clip", "scale_quer
               "dx_3d",
                "embed_gather", "word_bf16",
               "full_last_layer", "gelu_saved", "gelu_erfc", "ln_saved",
-              "pointwise_remat")
+              "pointwise_remat", "gelu_vjp", "ln_vjp")
              + _ATTENTION_FEATURES + tuple(_COMPILER_OPTIONS))
 
 
@@ -116,6 +117,16 @@ def _input_gradient_3d(g, kernel, count, precision=None):
       g, kernel, ((tuple(range(g.ndim - out_axes, g.ndim)),
                    tuple(range(count, kernel.ndim))), ((), ())),
       precision=precision)
+
+
+def _vjp_layer_norm(dtype, name, eps=layers.LAYER_NORM_EPS):
+  """``layers.layer_norm`` with the hand-written backward pass (variant
+  ln_vjp): the same parameters and initializers."""
+  return pointwise_vjp.LayerNorm(
+      epsilon=eps, dtype=dtype, param_dtype=jnp.float32,
+      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(),
+                                              ("embed",)),
+      bias_init=layers.zeros_init("embed"), name=name)
 
 
 class _Weights(nn.Module):
@@ -282,6 +293,8 @@ def _patched(variant: str):
   saved_gelu = layers.ACTIVATIONS["gelu"]
   saved_norm = layers._RematLayerNorm
   saved_pointwise = layers.remat_pointwise
+  saved_layer_norm = layers.layer_norm
+  saved_plain_activation = layers.activation
   saved_clip = optim.clip_by_global_norm
   saved_attend = attention_lib.attend
   saved_projection = projection.enabled
@@ -307,6 +320,12 @@ def _patched(variant: str):
       optim.clip_by_global_norm = optax.clip_by_global_norm
     if "pointwise_remat" in features:
       layers.remat_pointwise = lambda: True
+    if "ln_vjp" in features:
+      layers.layer_norm = _vjp_layer_norm
+    if "gelu_vjp" in features:
+      layers.activation = layers.remat_activation = (
+          lambda name: pointwise_vjp.gelu if name == "gelu"
+          else saved_plain_activation(name))
     if "ln_saved" in features:
       layers._RematLayerNorm = nn.LayerNorm
     if "gelu_saved" in features:
@@ -338,6 +357,8 @@ def _patched(variant: str):
     layers.ACTIVATIONS["gelu"] = saved_gelu
     layers._RematLayerNorm = saved_norm
     layers.remat_pointwise = saved_pointwise
+    layers.layer_norm = saved_layer_norm
+    layers.activation = saved_plain_activation
     optim.clip_by_global_norm = saved_clip
     attention_lib.attend = saved_attend
     projection.enabled = saved_projection

@@ -11,6 +11,9 @@
 # PARTS (default "compare xla") picks the runs, in the order given:
 #   compare  bertjax (cuDNN attention) beside HF Flax and compiled PyTorch
 #   xla      bertjax alone with the XLA attention
+#   alone    bertjax alone (cuDNN attention)
+# IN_FLIGHT (default 1) for compare, xla and alone: steps queued per timed
+#            sample (bench/step_bench.py --in_flight; 1 waits for each step)
 #   ab       bench/ab_step.py, interleaved: VARIANTS (default this tree
 #            against the embedding lookups it replaced: bf16 word-table
 #            scatter; scatter-add gradients of the position and segment
@@ -39,14 +42,17 @@ common=(--config="$here/../configs/bert.py:$size" --config.dtype=bfloat16
 for part in ${PARTS:-compare xla}; do
   case "$part" in
     compare) python3 "$here/step_bench.py" "${common[@]}" --steps="${STEPS:-20}" \
-               --warmup=3 --config.attention_impl=dot_product --compare --torch_compile ;;
+               --warmup=3 --config.attention_impl=dot_product --compare --torch_compile \
+               --in_flight="${IN_FLIGHT:-1}" ;;
     xla) python3 "$here/step_bench.py" "${common[@]}" --steps="${STEPS:-20}" \
-           --warmup=3 --config.attention_impl=xla ;;
+           --warmup=3 --config.attention_impl=xla --in_flight="${IN_FLIGHT:-1}" ;;
+    alone) python3 "$here/step_bench.py" "${common[@]}" --steps="${STEPS:-20}" \
+             --warmup=3 --config.attention_impl=dot_product --in_flight="${IN_FLIGHT:-1}" ;;
     ab) python3 "$here/ab_step.py" "${common[@]}" --config.attention_impl=dot_product \
           --variants="${VARIANTS:-baseline,embed_gather+word_bf16,word_bf16}" \
           --rounds="${ROUNDS:-5}" --compile_budget_s="${COMPILE_BUDGET:-0}" ;;
     profile) python3 "$here/profile_step.py" "${common[@]}" --config.attention_impl=dot_product \
                --systems=bertjax --raw_top=40 ;;
-    *) echo "Unknown part '$part' in PARTS; pick from: compare xla ab profile." >&2; exit 2 ;;
+    *) echo "Unknown part '$part' in PARTS; pick from: compare xla alone ab profile." >&2; exit 2 ;;
   esac
 done
