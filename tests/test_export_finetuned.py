@@ -28,8 +28,8 @@ def _tiny(cls_config, cls_model, path, **extra):
 
 @pytest.fixture(scope="module")
 def hf_inits(tmp_path_factory):
-  """A tiny random BERT and ELECTRA (WordPiece), RoBERTa (byte-level BPE) and
-  ALBERT (sentencepiece) directory."""
+  """A tiny random BERT and ELECTRA (WordPiece), RoBERTa (byte-level BPE),
+  ALBERT and DeBERTa-v3 (sentencepiece) directory."""
   bert = str(tmp_path_factory.mktemp("bert"))
   vocab = (["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS + ["##s"]
            + [f"w{i}" for i in range(20)])
@@ -55,7 +55,15 @@ def hf_inits(tmp_path_factory):
   from test_convert_variants import _albert_tokenizer
   _tiny(transformers.AlbertConfig, transformers.AlbertForPreTraining, albert,
         vocab_size=_albert_tokenizer(albert), embedding_size=16, max_position_embeddings=64)
-  return {"bert": bert, "roberta": roberta, "electra": electra, "albert": albert}
+  deberta = str(tmp_path_factory.mktemp("deberta"))
+  from test_convert_deberta import _deberta_tokenizer
+  _tiny(transformers.DebertaV2Config, transformers.DebertaV2ForMaskedLM, deberta,
+        vocab_size=_deberta_tokenizer(deberta), max_position_embeddings=64,
+        relative_attention=True, pos_att_type="p2c|c2p", position_buckets=8,
+        max_relative_positions=16, norm_rel_ebd="layer_norm",
+        position_biased_input=False, type_vocab_size=0, pad_token_id=0)
+  return {"bert": bert, "roberta": roberta, "electra": electra, "albert": albert,
+          "deberta": deberta}
 
 
 def _finetune(tmp_path, init, train_file, **overrides):
@@ -94,6 +102,7 @@ def _ours_and_theirs(workdir, out, auto_class, inputs):
     ("roberta", "first", "tanh", "RobertaForSequenceClassification"),
     ("electra", "first", "gelu", "ElectraForSequenceClassification"),
     ("albert", "pooler", "tanh", "AlbertForSequenceClassification"),
+    ("deberta", "first", "tanh", "DebertaV2ForSequenceClassification"),
 ])
 def test_sequence_classifiers_export_as_their_transformers_class(
     hf_inits, tmp_path, init, pooling, activation, architecture):
@@ -109,6 +118,8 @@ def test_sequence_classifiers_export_as_their_transformers_class(
   assert type(hf).__name__ == architecture
   assert hf.config.id2label == {0: "no", 1: "yes"}
   np.testing.assert_allclose(theirs, ours, atol=1e-4)
+  if init == "deberta":  # DeBERTa's pooler takes the head's activation
+    assert hf.config.pooler_hidden_act == activation
   if init != "roberta":
     return
   # A mean-pooled head has no transformers class, nor has a RoBERTa head

@@ -16,13 +16,20 @@ computes what bertjax computes:
                               whose ``classifier.dense``/``out_proj`` is the
                               ``first`` head exactly; ELECTRA:
                               ``ElectraForSequenceClassification``, the same
-                              with ``head_activation='gelu'``.
+                              with ``head_activation='gelu'``; DeBERTa
+                              (v2/v3): ``DebertaV2ForSequenceClassification``,
+                              whose ``pooler`` (dense, then
+                              ``pooler_hidden_act``, written as the head's
+                              activation) and ``classifier`` are the
+                              ``first`` head.
   tagging                     ``*ForTokenClassification`` (``classifier``).
   qa                          ``*ForQuestionAnswering`` (``qa_outputs``).
 
 Refused, with why: ``mean`` pooling (no transformers class averages tokens),
-a head whose activation is not the class's, and DeBERTa and XLNet encoders
-(not mapped: their heads pool differently). The
+a head whose activation is not the class's, XLNet encoders and DeBERTa
+towers of an ELECTRA-style (``configs/deberta_v3.py``) pretraining run (not
+mapped; their imported or exported ``DebertaV2Model`` fine-tunes and
+exports). The
 tokenizer comes from the run's ``--init``, as the pretraining export writes it.
 The label names go into ``id2label``/``label2id``; regression sets
 ``problem_type``.
@@ -40,7 +47,7 @@ from bertjax.convert import export_target
 from bertjax.convert import hf_files
 
 _CLASS_PREFIX = {"bert": "Bert", "roberta": "Roberta", "albert": "Albert",
-                 "electra": "Electra"}
+                 "electra": "Electra", "deberta-v2": "DebertaV2"}
 _SUFFIX = {"classification": "ForSequenceClassification",
            "regression": "ForSequenceClassification",
            "tagging": "ForTokenClassification", "qa": "ForQuestionAnswering"}
@@ -59,6 +66,10 @@ def _head_tensors(model_type: str, prefix: str, kind: str, cfg,
     return ("encoder",), _linear("classifier" if kind == "tagging" else "qa_outputs",
                                  head["out"])
   pooling, activation = cfg.pooling, cfg.get("head_activation", "tanh")
+  if model_type == "deberta-v2":
+    # ContextPooler: dense, then pooler_hidden_act (either activation).
+    return ("encoder",), {**_linear("pooler.dense", head["dense"]),
+                          **_linear("classifier", head["out"])}
   if model_type in ("roberta", "electra"):
     want = "tanh" if model_type == "roberta" else "gelu"
     if pooling != "first" or activation != want:
@@ -98,13 +109,19 @@ def export(workdir: str, out_dir: str, step: int | None = None,
   dims = core.model_dims(saved.fields)
   if model_type:
     dims["hf_model_type"] = model_type
+  if dims.get("encoder", "bert") == "deberta":
+    raise ValueError(
+        f"{workdir} fine-tuned the DeBERTa tower of an ELECTRA-style run, which "
+        "does not export as a task model; export that pretraining workdir with "
+        "--to_hf (a DebertaV2Model), fine-tune from the exported directory, and "
+        "export the result.")
   mapping = convert.mapping_for_config(dims)
   if (mapping.MODEL_TYPE not in _CLASS_PREFIX
-      or dims["model"] not in ("bert", "spanbert", "albert", "electra")
+      or dims["model"] not in ("bert", "spanbert", "albert", "electra", "deberta")
       or dims.get("encoder", "bert") != "bert"):
     raise ValueError(f"Exporting a fine-tuned {dims['model']!r} encoder (HF "
                      f"{mapping.MODEL_TYPE!r}) is not supported; fine-tuned BERT, "
-                     "SpanBERT, RoBERTa, ALBERT and ELECTRA models export.")
+                     "SpanBERT, RoBERTa, ALBERT, ELECTRA and DeBERTa models export.")
   parts, head = _head_tensors(mapping.MODEL_TYPE, mapping.BASE_PREFIX, kind, cfg,
                               saved.params["head"])
   tensors = core.params_to_hf(mapping, dims, saved.params["encoder"],
@@ -117,6 +134,10 @@ def export(workdir: str, out_dir: str, step: int | None = None,
   config = dict(mapping.hf_config(dims, special[0] if special else batch_lib.PAD_ID))
   names = inference.output_names(cfg)
   config["architectures"] = [architecture]
+  if mapping.MODEL_TYPE == "deberta-v2" and kind in ("classification", "regression"):
+    config.update(pooler_hidden_size=config["hidden_size"],
+                  pooler_hidden_act=cfg.get("head_activation", "tanh"),
+                  pooler_dropout=float(cfg.head_dropout))
   if kind == "regression":
     config.update(num_labels=1, problem_type="regression")
   elif names:
