@@ -29,7 +29,7 @@ def _tiny(cls_config, cls_model, path, **extra):
 @pytest.fixture(scope="module")
 def hf_inits(tmp_path_factory):
   """A tiny random BERT and ELECTRA (WordPiece), RoBERTa (byte-level BPE),
-  ALBERT and DeBERTa-v3 (sentencepiece) directory."""
+  ALBERT, DeBERTa-v3 and XLNet (sentencepiece) directory."""
   bert = str(tmp_path_factory.mktemp("bert"))
   vocab = (["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS + ["##s"]
            + [f"w{i}" for i in range(20)])
@@ -62,8 +62,16 @@ def hf_inits(tmp_path_factory):
         relative_attention=True, pos_att_type="p2c|c2p", position_buckets=8,
         max_relative_positions=16, norm_rel_ebd="layer_norm",
         position_biased_input=False, type_vocab_size=0, pad_token_id=0)
+  xlnet = str(tmp_path_factory.mktemp("xlnet"))
+  from test_convert_xlnet import _xlnet_tokenizer
+  torch.manual_seed(0)
+  transformers.XLNetLMHeadModel(transformers.XLNetConfig(
+      vocab_size=_xlnet_tokenizer(xlnet), d_model=32, n_layer=2, n_head=4, d_inner=48,
+      dropout=0.0, ff_activation="gelu")).save_pretrained(xlnet)
+  # tokenizer.json (character offsets, which extractive QA needs) beside spiece.model.
+  transformers.XLNetTokenizerFast.from_pretrained(xlnet).save_pretrained(xlnet)
   return {"bert": bert, "roberta": roberta, "electra": electra, "albert": albert,
-          "deberta": deberta}
+          "deberta": deberta, "xlnet": xlnet}
 
 
 def _finetune(tmp_path, init, train_file, **overrides):
@@ -87,7 +95,7 @@ def _ours_and_theirs(workdir, out, auto_class, inputs):
   to_hf = getattr(model.tokenizer, "to_hf_ids", np.asarray)
   ids = torch.tensor(np.asarray(to_hf(feats["tokens"])), dtype=torch.long)
   kwargs = {"attention_mask": torch.tensor(feats["tokens"] != 0, dtype=torch.long)}
-  if hf.config.type_vocab_size > 1:
+  if getattr(hf.config, "type_vocab_size", 2) > 1:  # XLNet: relative segments
     kwargs["token_type_ids"] = torch.tensor(feats["segment_ids"], dtype=torch.long)
   with torch.no_grad():
     out = hf.eval()(input_ids=ids, **kwargs)
@@ -103,6 +111,7 @@ def _ours_and_theirs(workdir, out, auto_class, inputs):
     ("electra", "first", "gelu", "ElectraForSequenceClassification"),
     ("albert", "pooler", "tanh", "AlbertForSequenceClassification"),
     ("deberta", "first", "tanh", "DebertaV2ForSequenceClassification"),
+    ("xlnet", "first", "gelu", "XLNetForSequenceClassification"),
 ])
 def test_sequence_classifiers_export_as_their_transformers_class(
     hf_inits, tmp_path, init, pooling, activation, architecture):
@@ -120,6 +129,8 @@ def test_sequence_classifiers_export_as_their_transformers_class(
   np.testing.assert_allclose(theirs, ours, atol=1e-4)
   if init == "deberta":  # DeBERTa's pooler takes the head's activation
     assert hf.config.pooler_hidden_act == activation
+  if init == "xlnet":  # so does XLNet's sequence summary, over the first token
+    assert (hf.config.summary_type, hf.config.summary_activation) == ("first", activation)
   if init != "roberta":
     return
   # A mean-pooled head has no transformers class, nor has a RoBERTa head
@@ -160,6 +171,24 @@ def test_bert_tagger_and_reader_export_as_token_classification_and_qa(hf_inits, 
       [{"question": "the dog ?", "context": "a dog sat on the mat"}])
   assert type(hf).__name__ == "BertForQuestionAnswering"
   # bertjax's decoding rules out all but the context and [CLS]: compare there.
+  scored = feats["context_mask"].copy()
+  scored[:, 0] = True
+  np.testing.assert_allclose(theirs[scored], ours[scored], atol=1e-4)
+
+
+def test_xlnet_reader_exports_as_the_simple_qa_class(hf_inits, tmp_path):
+  # XLNet's AutoModelForQuestionAnswering is XLNetForQuestionAnsweringSimple
+  # (start/end logits); XLNetForQuestionAnswering is the beam-search reader.
+  import json
+  qas = [{"id": str(i), "question": "the cat ?",
+          "answers": [{"text": "cat", "answer_start": 4}]} for i in range(16)]
+  (tmp_path / "qa.json").write_text(json.dumps(
+      {"data": [{"paragraphs": [{"context": "the cat sat on a mat", "qas": qas}]}]}))
+  reader = _finetune(tmp_path, hf_inits["xlnet"], tmp_path / "qa.json", doc_stride=8)
+  ours, theirs, hf, feats = _ours_and_theirs(
+      reader, str(tmp_path / "hf_qa"), transformers.AutoModelForQuestionAnswering,
+      [{"question": "the dog ?", "context": "a dog sat on the mat"}])
+  assert type(hf).__name__ == "XLNetForQuestionAnsweringSimple"
   scored = feats["context_mask"].copy()
   scored[:, 0] = True
   np.testing.assert_allclose(theirs[scored], ours[scored], atol=1e-4)

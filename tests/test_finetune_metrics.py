@@ -250,7 +250,7 @@ def test_layerwise_decay_factors_by_depth():
   assert np.asarray(g).reshape(-1).tolist() == [0.125, 0.25, 0.5]
 
 
-@pytest.mark.parametrize("variant", ["bert", "albert", "deberta", "electra"])
+@pytest.mark.parametrize("variant", ["bert", "albert", "deberta", "electra", "xlnet"])
 def test_one_head_fits_every_encoder(variant):
   import jax
   from bertjax import config_files, models

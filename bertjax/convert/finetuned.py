@@ -21,12 +21,17 @@ computes what bertjax computes:
                               whose ``pooler`` (dense, then
                               ``pooler_hidden_act``, written as the head's
                               activation) and ``classifier`` are the
-                              ``first`` head.
+                              ``first`` head; XLNet:
+                              ``XLNetForSequenceClassification``, its
+                              ``sequence_summary`` set to the first token,
+                              dense, the head's activation, then
+                              ``logits_proj``.
   tagging                     ``*ForTokenClassification`` (``classifier``).
-  qa                          ``*ForQuestionAnswering`` (``qa_outputs``).
+  qa                          ``*ForQuestionAnswering`` (``qa_outputs``;
+                              XLNet: ``XLNetForQuestionAnsweringSimple``).
 
 Refused, with why: ``mean`` pooling (no transformers class averages tokens),
-a head whose activation is not the class's, XLNet encoders and DeBERTa
+a head whose activation is not the class's, and the DeBERTa
 towers of an ELECTRA-style (``configs/deberta_v3.py``) pretraining run (not
 mapped; their imported or exported ``DebertaV2Model`` fine-tunes and
 exports). The
@@ -47,7 +52,7 @@ from bertjax.convert import export_target
 from bertjax.convert import hf_files
 
 _CLASS_PREFIX = {"bert": "Bert", "roberta": "Roberta", "albert": "Albert",
-                 "electra": "Electra", "deberta-v2": "DebertaV2"}
+                 "electra": "Electra", "deberta-v2": "DebertaV2", "xlnet": "XLNet"}
 _SUFFIX = {"classification": "ForSequenceClassification",
            "regression": "ForSequenceClassification",
            "tagging": "ForTokenClassification", "qa": "ForQuestionAnswering"}
@@ -59,6 +64,33 @@ def _linear(name: str, params: dict[str, Any]) -> dict[str, np.ndarray]:
           f"{name}.bias": np.asarray(params["bias"])}
 
 
+def _architecture(model_type: str, kind: str) -> str:
+  """The transformers class for the task (XLNet's start/end-logits reader is
+  ``XLNetForQuestionAnsweringSimple``; its ``ForQuestionAnswering`` is the
+  beam-search one)."""
+  if model_type == "xlnet" and kind == "qa":
+    return "XLNetForQuestionAnsweringSimple"
+  return _CLASS_PREFIX[model_type] + _SUFFIX[kind]
+
+
+def _head_config(model_type: str, kind: str, cfg, hidden: int) -> dict[str, Any]:
+  """config.json fields the task class reads for bertjax's sequence head."""
+  if kind not in ("classification", "regression"):
+    return {}
+  activation = cfg.get("head_activation", "tanh")
+  if model_type == "deberta-v2":  # ContextPooler: dense, then this activation
+    return {"pooler_hidden_size": hidden, "pooler_hidden_act": activation,
+            "pooler_dropout": float(cfg.head_dropout)}
+  if model_type == "xlnet":
+    # SequenceSummary over the first token (bertjax's [CLS] leads the row):
+    # dense to the hidden size, the activation; logits_proj after it.
+    return {"summary_type": "first", "summary_use_proj": True,
+            "summary_proj_to_labels": False, "summary_activation": activation,
+            "summary_first_dropout": 0.0,
+            "summary_last_dropout": float(cfg.head_dropout)}
+  return {}
+
+
 def _head_tensors(model_type: str, prefix: str, kind: str, cfg,
                   head: dict[str, Any]) -> tuple[tuple[str, ...], dict[str, np.ndarray]]:
   """(encoder parts to write, the head's tensors) for the task's HF class."""
@@ -67,9 +99,11 @@ def _head_tensors(model_type: str, prefix: str, kind: str, cfg,
                                  head["out"])
   pooling, activation = cfg.pooling, cfg.get("head_activation", "tanh")
   if model_type == "deberta-v2":
-    # ContextPooler: dense, then pooler_hidden_act (either activation).
     return ("encoder",), {**_linear("pooler.dense", head["dense"]),
                           **_linear("classifier", head["out"])}
+  if model_type == "xlnet":
+    return ("encoder",), {**_linear("sequence_summary.summary", head["dense"]),
+                          **_linear("logits_proj", head["out"])}
   if model_type in ("roberta", "electra"):
     want = "tanh" if model_type == "roberta" else "gelu"
     if pooling != "first" or activation != want:
@@ -117,27 +151,26 @@ def export(workdir: str, out_dir: str, step: int | None = None,
         "export the result.")
   mapping = convert.mapping_for_config(dims)
   if (mapping.MODEL_TYPE not in _CLASS_PREFIX
-      or dims["model"] not in ("bert", "spanbert", "albert", "electra", "deberta")
+      or dims["model"] not in ("bert", "spanbert", "albert", "electra", "deberta",
+                               "xlnet")
       or dims.get("encoder", "bert") != "bert"):
     raise ValueError(f"Exporting a fine-tuned {dims['model']!r} encoder (HF "
                      f"{mapping.MODEL_TYPE!r}) is not supported; fine-tuned BERT, "
-                     "SpanBERT, RoBERTa, ALBERT, ELECTRA and DeBERTa models export.")
+                     "SpanBERT, RoBERTa, ALBERT, ELECTRA, DeBERTa and XLNet models "
+                     "export.")
   parts, head = _head_tensors(mapping.MODEL_TYPE, mapping.BASE_PREFIX, kind, cfg,
                               saved.params["head"])
   tensors = core.params_to_hf(mapping, dims, saved.params["encoder"],
                               core.vocab_order(saved.fields),
                               workdir_lib.kept_tensors(saved.fields), heads=parts)
   tensors.update(head)
-  architecture = _CLASS_PREFIX[mapping.MODEL_TYPE] + _SUFFIX[kind]
+  architecture = _architecture(mapping.MODEL_TYPE, kind)
   special = saved.fields.get("hf_special_ids")
   from bertjax import batch as batch_lib
   config = dict(mapping.hf_config(dims, special[0] if special else batch_lib.PAD_ID))
   names = inference.output_names(cfg)
   config["architectures"] = [architecture]
-  if mapping.MODEL_TYPE == "deberta-v2" and kind in ("classification", "regression"):
-    config.update(pooler_hidden_size=config["hidden_size"],
-                  pooler_hidden_act=cfg.get("head_activation", "tanh"),
-                  pooler_dropout=float(cfg.head_dropout))
+  config.update(_head_config(mapping.MODEL_TYPE, kind, cfg, int(dims["hidden_size"])))
   if kind == "regression":
     config.update(num_labels=1, problem_type="regression")
   elif names:
