@@ -68,7 +68,8 @@ def hf_inits(tmp_path_factory):
   transformers.XLNetLMHeadModel(transformers.XLNetConfig(
       vocab_size=_xlnet_tokenizer(xlnet), d_model=32, n_layer=2, n_head=4, d_inner=48,
       dropout=0.0, ff_activation="gelu")).save_pretrained(xlnet)
-  # tokenizer.json (character offsets, which extractive QA needs) beside spiece.model.
+  # With a tokenizer.json beside spiece.model, as released XLNet directories
+  # have (DeBERTa's here has only its spm.model).
   transformers.XLNetTokenizerFast.from_pretrained(xlnet).save_pretrained(xlnet)
   return {"bert": bert, "roberta": roberta, "electra": electra, "albert": albert,
           "deberta": deberta, "xlnet": xlnet}
@@ -176,19 +177,25 @@ def test_bert_tagger_and_reader_export_as_token_classification_and_qa(hf_inits, 
   np.testing.assert_allclose(theirs[scored], ours[scored], atol=1e-4)
 
 
-def test_xlnet_reader_exports_as_the_simple_qa_class(hf_inits, tmp_path):
+@pytest.mark.parametrize("init,architecture", [
+    ("xlnet", "XLNetForQuestionAnsweringSimple"),
+    ("deberta", "DebertaV2ForQuestionAnswering")])
+def test_sentencepiece_readers_export_as_their_qa_class(hf_inits, tmp_path, init,
+                                                        architecture):
   # XLNet's AutoModelForQuestionAnswering is XLNetForQuestionAnsweringSimple
   # (start/end logits); XLNetForQuestionAnswering is the beam-search reader.
+  # DeBERTa's directory has no tokenizer.json: the answers are mapped through
+  # the sentencepiece offsets of bertjax's import.
   import json
   qas = [{"id": str(i), "question": "the cat ?",
           "answers": [{"text": "cat", "answer_start": 4}]} for i in range(16)]
   (tmp_path / "qa.json").write_text(json.dumps(
       {"data": [{"paragraphs": [{"context": "the cat sat on a mat", "qas": qas}]}]}))
-  reader = _finetune(tmp_path, hf_inits["xlnet"], tmp_path / "qa.json", doc_stride=8)
+  reader = _finetune(tmp_path, hf_inits[init], tmp_path / "qa.json", doc_stride=8)
   ours, theirs, hf, feats = _ours_and_theirs(
       reader, str(tmp_path / "hf_qa"), transformers.AutoModelForQuestionAnswering,
       [{"question": "the dog ?", "context": "a dog sat on the mat"}])
-  assert type(hf).__name__ == "XLNetForQuestionAnsweringSimple"
+  assert type(hf).__name__ == architecture
   scored = feats["context_mask"].copy()
   scored[:, 0] = True
   np.testing.assert_allclose(theirs[scored], ours[scored], atol=1e-4)

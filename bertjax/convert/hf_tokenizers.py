@@ -126,19 +126,108 @@ class _SentencePiece:
         pieces = pieces[1:]
     return pieces + [piece[-1]]
 
+  def _splits(self, piece: str) -> bool:
+    return (not self._plain and len(piece) > 1 and piece[-1] == ","
+            and piece[-2].isdigit())
+
   def encode_batch(self, texts, add_special_tokens=False):
     del add_special_tokens
     out = []
     for pieces in self._sp.encode([self._clean(t) for t in texts], out_type=str):
       split = []
       for piece in pieces:
-        if (not self._plain and len(piece) > 1 and piece[-1] == ","
-            and piece[-2].isdigit()):
-          split += self._split_digit_comma(piece)
-        else:
-          split.append(piece)
+        split += self._split_digit_comma(piece) if self._splits(piece) else [piece]
       out.append(_Ids([self._sp.piece_to_id(p) for p in split]))
     return out
+
+  def _cleaned_with_sources(self, text: str) -> tuple[str, list[int]]:
+    """``_clean(text)`` and, for each of its characters, the index of the
+    character of ``text`` it comes from (character by character; where that
+    differs from ``_clean``, e.g. a context-dependent lower case, the two are
+    aligned with difflib)."""
+    out: list[tuple[str, int]] = []
+    lower = (lambda c: c.lower()) if self._lower else (lambda c: c)
+    if self._plain:
+      out = [(d, i) for i, c in enumerate(text) for d in lower(c)]
+    else:
+      chars: list[tuple[str, int]] = []
+      for i, c in enumerate(text):  # whitespace runs -> one space, ends stripped
+        if c.isspace():
+          if chars and chars[-1][0] != " ":
+            chars.append((" ", i))
+        else:
+          chars.append((c, i))
+      if chars and chars[-1][0] == " ":
+        chars.pop()
+      for pair in ("``", "''"):  # each pair of quotes -> '"', left to right
+        merged, k = [], 0
+        while k < len(chars):
+          if "".join(c for c, _ in chars[k:k + 2]) == pair:
+            merged.append(('"', chars[k][1]))
+            k += 2
+          else:
+            merged.append(chars[k])
+            k += 1
+        chars = merged
+      for c, i in chars:
+        if not self._keep_accents:
+          c = "".join(d for d in unicodedata.normalize("NFKD", c)
+                      if not unicodedata.combining(d))
+        out += [(d, i) for d in lower(c)]
+    mine = "".join(c for c, _ in out)
+    sources = [i for _, i in out]
+    cleaned = self._clean(text)
+    if mine != cleaned:
+      import difflib
+      aligned = [len(text) - 1] * len(cleaned)
+      for tag, a0, a1, b0, b1 in difflib.SequenceMatcher(
+          None, mine, cleaned, autojunk=False).get_opcodes():
+        for k in range(b0, b1):
+          a = min(a0 + (k - b0), max(a1 - 1, a0))
+          aligned[k] = sources[a] if a < len(sources) else len(text) - 1
+      sources = aligned
+    return cleaned, sources
+
+  def encode_with_offsets(self, text: str) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """(HF ids, each piece's [begin, end) characters in ``text``), the ids as
+    ``encode_batch``'s. A word's leading space belongs to no piece; a piece
+    without characters of its own (a lone word-start mark) gets an empty span."""
+    cleaned, sources = self._cleaned_with_sources(text)
+    char_of_byte = np.repeat(np.arange(len(cleaned) + 1),
+                             [len(c.encode("utf-8")) for c in cleaned] + [1])
+    ids, spans = [], []
+    for p in self._sp.encode(cleaned, return_type="proto").pieces:
+      begin, end = int(char_of_byte[p.begin]), int(char_of_byte[p.end])
+      while begin < end and cleaned[begin].isspace():
+        begin += 1
+      pieces = self._split_digit_comma(p.piece) if self._splits(p.piece) else [p.piece]
+      for k, piece in enumerate(pieces):
+        # Split pieces take their surface lengths in turn; the last one ends
+        # where the piece does.
+        size = len(piece.replace("\u2581", ""))
+        stop = end if k == len(pieces) - 1 else min(begin + size, end)
+        ids.append(self._sp.piece_to_id(piece))
+        spans.append((begin, stop))
+        begin = stop
+    # Cleaned characters -> the characters of the text they came from: a
+    # span ends where the next cleaned character's source begins (so '``'
+    # cleaned to '"' keeps both quotes), less any whitespace. A character
+    # the cleaning expands (the ligature 'ﬁ' -> 'fi') goes to its first
+    # piece; the others get an empty span at its end.
+    out, last = [], 0
+    for b, e in spans:
+      start = max(sources[b] if b < len(sources) else len(text), last)
+      if e > b:
+        stop = max(sources[e] if e < len(sources) else len(text),
+                   sources[e - 1] + 1, start)
+        while stop > start + 1 and text[stop - 1].isspace():
+          stop -= 1
+        stop = max(stop, start)
+      else:
+        stop = start
+      out.append((start, stop))
+      last = max(last, stop)
+    return np.asarray(ids, np.int64), out
 
   def get_vocab(self):
     return {self._sp.id_to_piece(i): i for i in range(self._sp.get_piece_size())}
@@ -270,10 +359,9 @@ class HfTokenizer:
   def encode_with_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray]:
     """bertjax ids int32 [n] and character spans int32 [n, 2] of one text."""
     if self._kind == "sentencepiece":
-      raise ValueError(
-          f"The sentencepiece tokenizer of {self.path} gives no character offsets "
-          "here; fine-tune extractive QA or tagging from a model with a "
-          "tokenizer.json (WordPiece or BPE).")
+      hf_ids, spans = self._tok.encode_with_offsets(text)
+      ids = self._to_bertjax[hf_ids].astype(np.int32)
+      return ids, np.asarray(spans, np.int32).reshape(-1, 2)
     encoding = self._tok.encode(text, add_special_tokens=False)
     ids = self._to_bertjax[np.asarray(encoding.ids, np.int64)].astype(np.int32)
     return ids, np.asarray(encoding.offsets, np.int32).reshape(-1, 2)
