@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import time
 from typing import Any
 
 import jax
@@ -23,13 +22,14 @@ from absl import logging
 from bertjax import checkpointing
 from bertjax import compat
 from bertjax import config_validation
+from bertjax import corpus_metrics
 from bertjax import evaluation
-from bertjax import flops
 from bertjax import guards
 from bertjax import metrics as metrics_lib
 from bertjax import models
 from bertjax import objectives
 from bertjax import optim
+from bertjax import progress as progress_lib
 from bertjax import sharding
 from bertjax import state as state_lib
 from bertjax import paths
@@ -77,6 +77,7 @@ def train_step(state: state_lib.TrainState, batch: dict[str, jax.Array],
   # example_id either way, and the NSP partner of an example is drawn from the
   # whole global batch, exactly as without accumulation.
   # Named scopes label the step's parts in profiles (bench/profile_step.py).
+  batch, corpus = corpus_metrics.split(batch)  # a mixture's row labels, if any
   with jax.named_scope("corrupt"):
     inputs, targets = objective.corrupt(rng, batch, state.step)
   inputs = {**inputs, **state.carry}
@@ -91,6 +92,7 @@ def train_step(state: state_lib.TrainState, batch: dict[str, jax.Array],
       outputs = objectives.base.forward(objective, apply, inputs, targets)
       with jax.named_scope("loss"):
         loss, metrics = objective.loss(outputs, targets)
+      metrics = {**metrics, **corpus_metrics.mlm_sums(outputs, targets, corpus)}
       return loss, (metrics, {k: outputs[k] for k in carried})
 
     (loss, (metrics, carry)), grads = jax.value_and_grad(
@@ -98,7 +100,7 @@ def train_step(state: state_lib.TrainState, batch: dict[str, jax.Array],
   else:
     loss, metrics, grads, carry = _accumulate(
         state.params, inputs, targets, dropout_rng, model, objective,
-        microbatches, mesh, carried)
+        microbatches, mesh, carried, corpus)
   loss = jnp.where(state.step == debug_nan_step, jnp.nan, loss)
   with jax.named_scope("optimizer"):
     grad_norm = optax.global_norm(grads)
@@ -128,7 +130,7 @@ def _loss_terms(objective, metrics) -> tuple[str, ...]:
 
 
 def _accumulate(params, inputs, targets, dropout_rng, model, objective,
-                microbatches: int, mesh, carried: tuple[str, ...] = ()):
+                microbatches: int, mesh, carried: tuple[str, ...] = (), corpus=None):
   """Loss, metrics and gradient of the whole batch, one micro-batch at a time.
 
   The objective's loss is a sum of means, ``sum_t S_t / C_t`` (``_loss_terms``),
@@ -149,6 +151,7 @@ def _accumulate(params, inputs, targets, dropout_rng, model, objective,
     carried: names of the carry in ``inputs``; each micro-batch's rows get
       their own rows' carry and return their next carry, which is put back
       in row order, so the carry is the one the big batch gives.
+    corpus: a mixture's one-hot row labels [B, C] (``corpus_metrics``), or None.
 
   Returns:
     (loss scalar, metrics {name: (sum, count)}, gradient pytree like params,
@@ -172,6 +175,7 @@ def _accumulate(params, inputs, targets, dropout_rng, model, objective,
 
   micro_inputs = jax.tree.map(split, inputs)
   micro_targets = jax.tree.map(split, targets)
+  micro_corpus = None if corpus is None else split(corpus)
   first = jax.tree.map(lambda x: x[0], (micro_inputs, micro_targets))
   out_shapes = jax.eval_shape(
       lambda p, xy: objectives.base.forward(
@@ -184,7 +188,7 @@ def _accumulate(params, inputs, targets, dropout_rng, model, objective,
 
   def body(carry, micro):
     grads, metrics, index = carry
-    x, y = micro
+    x, y, c = micro
 
     def loss_fn(p):
       apply = objectives.base.bind(
@@ -192,6 +196,7 @@ def _accumulate(params, inputs, targets, dropout_rng, model, objective,
           dropout_rng=jax.random.fold_in(dropout_rng, index))
       outputs = objectives.base.forward(objective, apply, x, y)
       _, m = objective.loss(outputs, y)
+      m = {**m, **corpus_metrics.mlm_sums(outputs, y, c)}
       return (sum(m[t][0] / totals[t] for t in terms),
               (m, {k: outputs[k] for k in carried}))
 
@@ -202,14 +207,16 @@ def _accumulate(params, inputs, targets, dropout_rng, model, objective,
     metrics = jax.tree.map(jnp.add, metrics, m)
     return (grads, metrics, index + 1), carry
 
-  metric_shapes = jax.eval_shape(
-      lambda: dict(objective.loss(zeros, jax.tree.map(lambda x: x[0],
-                                                      micro_targets))[1]))
+  first_y, first_c = jax.tree.map(lambda x: x[0], (micro_targets, micro_corpus))
+  metric_shapes = jax.eval_shape(lambda: {
+      **objective.loss(zeros, first_y)[1],
+      **corpus_metrics.mlm_sums(zeros, first_y, first_c)})
   zero_metrics = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), metric_shapes)
   zero_metrics["loss"] = (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32))
   zero_grads = jax.tree.map(jnp.zeros_like, params)
   (grads, metrics, _), carry = jax.lax.scan(
-      body, (zero_grads, zero_metrics, jnp.int32(0)), (micro_inputs, micro_targets))
+      body, (zero_grads, zero_metrics, jnp.int32(0)),
+      (micro_inputs, micro_targets, micro_corpus))
   loss = metrics["loss"][0]
   metrics["loss"] = (loss, jnp.ones((), jnp.float32))
   return loss, metrics, grads, jax.tree.map(merge, carry)
@@ -233,42 +240,6 @@ def to_global(batch: dict[str, np.ndarray], mesh) -> dict[str, jax.Array]:
   """Turns this host's share of a batch into global arrays split over ``mesh``."""
   sh = sharding.batch_sharding(mesh)
   return {k: jax.make_array_from_process_local_data(sh, v) for k, v in batch.items()}
-
-
-class _Progress:
-  """Formats progress lines: step, loss, accuracies, tokens/s, time left."""
-
-  def __init__(self, config, start_step: int):
-    self._tokens_per_step = config.batch_size * config.seq_len
-    self._flops_per_step = flops.step_flops(config)
-    self._peak = flops.peak_flops_per_second()
-    self._total = config.num_train_steps
-    self._t0 = time.time()
-    self._s0 = start_step
-
-  def flops_total(self, step: int) -> float:
-    """Useful FLOPs of steps 1..``step``: ``step * step_flops(config)``.
-
-    A product, not a running sum, so it is exact across resume; the step's
-    FLOPs count the whole global batch, so gradient accumulation
-    (``microbatches``) changes nothing.
-    """
-    return step * self._flops_per_step
-
-  def line(self, step: int, scalars: dict[str, float]) -> str:
-    elapsed = max(time.time() - self._t0, 1e-9)
-    steps_per_sec = (step - self._s0) / elapsed
-    scalars["tokens_per_sec"] = steps_per_sec * self._tokens_per_step
-    # Useful-FLOP utilisation against the chip's peak (bertjax/flops.py).
-    scalars["mfu"] = steps_per_sec * self._flops_per_step / self._peak
-    left = (self._total - step) / steps_per_sec if steps_per_sec > 0 else float("nan")
-    # The loss and every task's accuracy (mlm, nsp, sop, sbo, ...), MLM first.
-    names = ["loss"] + sorted((k for k in scalars if k.endswith("_accuracy")),
-                              key=lambda k: (not k.startswith("mlm_"), k))
-    shown = " ".join(f"{k}={scalars[k]:.4g}" for k in names if k in scalars)
-    return (f"step {step}/{self._total} {shown} "
-            f"tokens/s={scalars['tokens_per_sec']:.0f} mfu={scalars['mfu']:.2f} "
-            f"time_left={time.strftime('%H:%M:%S', time.gmtime(left)) if left == left else '?'}")
 
 
 def train_and_evaluate(config, workdir: str, *,
@@ -360,9 +331,12 @@ def _train_and_evaluate(config, workdir, stop_at_step, preemption):
   tx = optim.make_optimizer(config)
   schedule = optim.learning_rate_schedule(config)
   local_batch = config.batch_size // jax.process_count()
-  train_iter = pipeline.make_train_iterator(
-      config, prepared.source(config.train_split), local_batch_size=local_batch,
-      process_index=jax.process_index(), process_count=jax.process_count())
+  source = prepared.source(config.train_split)
+  labels = prepared.labels() if hasattr(prepared, "labels") else []  # a mixture's
+  train_iter = corpus_metrics.labelled(pipeline.make_train_iterator(
+      config, source, local_batch_size=local_batch,
+      process_index=jax.process_index(), process_count=jax.process_count()),
+      source, len(labels))
 
   def acceptable(step):
     compatible(step)
@@ -391,7 +365,7 @@ def _train_and_evaluate(config, workdir, stop_at_step, preemption):
   rng = jax.random.key(config.seed)
   writer = metrics_lib.MetricWriter(
       workdir, resumed_at=None if restored is None else step)
-  progress = _Progress(config, step)
+  progress = progress_lib.Progress(config, step)
   best = checkpointing.BestCheckpoint(workdir)
   nonfinite = guards.NonFiniteGuard(config.nonfinite, config.max_consecutive_skips)
   # Evaluations stop early on this process's SIGTERM; on pods the hosts could
@@ -426,7 +400,7 @@ def _train_and_evaluate(config, workdir, stop_at_step, preemption):
           nonfinite.check(*previous)
         previous = (step, step_metrics["skipped"])
         if pending is not None:
-          _write_train_metrics(writer, progress, schedule, *pending)
+          progress_lib.write_train_metrics(writer, progress, schedule, *pending, labels)
           pending = None
         if step % config.log_every_steps == 0 or step == last:
           pending, acc = (step, acc, _batch_hash(host_batch)), None
@@ -449,13 +423,13 @@ def _train_and_evaluate(config, workdir, stop_at_step, preemption):
                        train_iter.get_state(), config, prepared.fingerprint)
         if stopping:
           if pending is not None:  # its row, else the resumed run never logs it
-            _write_train_metrics(writer, progress, schedule, *pending)
+            progress_lib.write_train_metrics(writer, progress, schedule, *pending, labels)
           checkpointer.wait()
           raise guards.Preempted(step)
       if previous is not None:
         nonfinite.check(*previous)
       if pending is not None:
-        _write_train_metrics(writer, progress, schedule, *pending)
+        progress_lib.write_train_metrics(writer, progress, schedule, *pending, labels)
   finally:
     writer.close()
     checkpointer.close()
@@ -483,18 +457,9 @@ def _train_and_evaluate(config, workdir, stop_at_step, preemption):
 
 
 def _batch_hash(batch: dict[str, np.ndarray]) -> int:
-  """A 63-bit digest of a host batch: resumed runs must see identical batches."""
+  """A 63-bit digest of a host batch: resumed runs must see identical batches
+  (a mixture's corpus labels, made from example_id, left out)."""
   digest = hashlib.sha256()
-  for name in sorted(batch):
+  for name in sorted(set(batch) - {corpus_metrics.FIELD}):
     digest.update(np.ascontiguousarray(batch[name]).tobytes())
   return int.from_bytes(digest.digest()[:8], "little") >> 1
-
-
-def _write_train_metrics(writer, progress, schedule, step, sums, batch_hash):
-  scalars = metrics_lib.reduce(sums)
-  scalars["learning_rate"] = float(schedule(step - 1))
-  line = progress.line(step, scalars)
-  scalars["flops_total"] = progress.flops_total(step)
-  writer.write(step, scalars, extra={"batch_hash": batch_hash})
-  logging.info("%s", line)
-  print(line, flush=True)

@@ -242,7 +242,69 @@ def test_a_mixture_trains_and_resume_refuses_new_weights(mixed, two_corpora, dem
   assert accuracy == pytest.approx(record["mlm_accuracy"], abs=1e-6)
   losses = {r["step"]: r["loss"] for r in read_metrics(workdir) if "loss" in r}
   assert sorted(losses) == [1, 2] and np.isfinite(list(losses.values())).all()
+  # Training rows carry each corpus's masked-LM figures (corpus_metrics).
+  train_labels = data.labels()
+  assert train_labels == labels  # both corpora have an eval split here
+  for row in read_metrics(workdir):
+    if "loss" not in row:
+      continue
+    present = [label for label in train_labels if f"{label}/mlm_share" in row]
+    assert present and sum(row[f"{label}/mlm_share"] for label in present) == (
+        pytest.approx(1.0, abs=1e-6))
+    assert sum(row[f"{label}/mlm_share"] * row[f"{label}/mlm_loss"]
+               for label in present) == pytest.approx(row["mlm_loss"], rel=1e-5)
   reweighted = config.copy_and_resolve_references()
   reweighted.update(mixture=_text(two_corpora, 1), num_train_steps=4)
   with pytest.raises(compat.IncompatibleCheckpoint, match="mixture.*allow_changes"):
     train.train_and_evaluate(reweighted, workdir)
+
+
+def test_train_steps_sum_each_corpus_apart(mixed):
+  # corpus_metrics: rows are labelled with their document's corpus, and the
+  # step's per-corpus sums split the masked-LM figures between corpora, the
+  # same with and without gradient accumulation.
+  import jax
+  from bertjax import corpus_metrics
+  from bertjax import metrics as metrics_lib
+  from bertjax import models, objectives, optim, sharding
+  from bertjax import state as state_lib
+  from bertjax.data import pipeline
+  config, data = mixed
+  config = config.copy_and_resolve_references()
+  config.update(batch_size=8, seq_len=64, max_predictions_per_seq=10, shuffle_window=16)
+  source = data.source(config.train_split)
+  labels = data.labels()
+  it = corpus_metrics.labelled(
+      pipeline.make_train_iterator(config, source, local_batch_size=8), source, len(labels))
+  first = data.train_counts()[0]
+  for _ in range(50):  # a batch with rows of both corpora
+    batch = next(it)
+    if 0 < (batch["example_id"][:, 0] >= first).sum() < 8:
+      break
+  # The pass holds the first corpus's documents first (MixedSource): a row's
+  # label follows from its document index alone.
+  want = (batch["example_id"][:, 0] >= first).astype(int)
+  np.testing.assert_array_equal(batch[corpus_metrics.FIELD].argmax(1), want)
+  assert (batch[corpus_metrics.FIELD].sum(1) == 1).all()
+  assert 0 < want.sum() < len(want)  # both corpora in this batch
+  mesh = sharding.make_mesh("1,1,1", jax.devices()[:1])
+  model, objective = models.get_model(config), objectives.get_objective(config)
+  tx = optim.make_optimizer(config)
+  figures = []
+  for micro in (1, 2):
+    state, shardings = state_lib.create_train_state(model, tx, config, mesh)
+    step = train.make_train_step(model, objective, tx, shardings, mesh,
+                                 microbatches=micro)
+    with mesh:
+      _, sums = step(state, train.to_global(batch, mesh), jax.random.key(0))
+    figures.append(metrics_lib.reduce(corpus_metrics.expand(sums, labels)))
+  for got in figures:
+    shares = [got[f"{label}/mlm_share"] for label in labels]
+    assert sum(shares) == pytest.approx(1.0, abs=1e-6) and min(shares) > 0
+    for metric in ("mlm_loss", "mlm_accuracy"):
+      assert sum(got[f"{label}/mlm_share"] * got[f"{label}/{metric}"]
+                 for label in labels) == pytest.approx(got[metric], rel=1e-5)
+  # Accumulating over two micro-batches splits the same sums.
+  for key, value in figures[0].items():
+    if "/" in key:
+      assert figures[1][key] == pytest.approx(value, rel=1e-5), key

@@ -370,6 +370,13 @@ class MixedData:
     return [(name if names.count(name) == 1 else k.key(), p.source(k.eval_split))
             for name, (k, p) in zip(names, parts)]
 
+  def labels(self) -> list[str]:
+    """A label per corpus, as ``eval_sources`` names them: the dataset as a
+    key, or the corpus's full key where two share a dataset."""
+    names = [builders.source_key(k.dataset) for k in self.corpora]
+    return [name if names.count(name) == 1 else k.key()
+            for name, k in zip(names, self.corpora)]
+
   def tokenizer(self):
     return self.parts[0].tokenizer()
 

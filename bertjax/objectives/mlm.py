@@ -154,6 +154,24 @@ def mask_batch(keys: jax.Array, tokens: jax.Array, special: jax.Array,
   }
 
 
+def slot_scores(mlm_logits: jax.Array,
+                mlm_targets: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Per prediction slot: (cross-entropy, 1.0 where the target has the
+  largest logit), float32 [B, P] each, whatever the slot's weight."""
+  # Written out rather than log_softmax + take_along_axis + argmax: the
+  # gather's gradient would scatter into a zero-filled [B, P, V] array and
+  # argmax is a second pass over the vocabulary; here every [B, P, V] term is
+  # elementwise or a reduction XLA fuses, which is most of the head's cost.
+  logits = mlm_logits.astype(jnp.float32)
+  top = jax.lax.stop_gradient(jnp.max(logits, axis=-1))
+  log_total = jnp.log(jnp.sum(jnp.exp(logits - top[..., None]), axis=-1)) + top
+  is_target = jnp.arange(logits.shape[-1]) == mlm_targets[..., None]
+  target_logit = jnp.sum(jnp.where(is_target, logits, 0.0), axis=-1)
+  # Correct when the target has the largest logit (a tie counts as correct;
+  # float logits of a trained or randomly initialised head do not tie).
+  return log_total - target_logit, (target_logit >= top).astype(jnp.float32)
+
+
 def mlm_loss(mlm_logits: jax.Array, mlm_targets: jax.Array,
              mlm_weights: jax.Array) -> tuple[jax.Array, Metrics]:
   """Weighted mean cross-entropy over the used prediction slots.
@@ -167,22 +185,10 @@ def mlm_loss(mlm_logits: jax.Array, mlm_targets: jax.Array,
     (scalar float32 loss, {'mlm_loss': (sum, count), 'mlm_accuracy':
     (sum, count)}), count being the number of used slots.
   """
-  # Written out rather than log_softmax + take_along_axis + argmax: the
-  # gather's gradient would scatter into a zero-filled [B, P, V] array and
-  # argmax is a second pass over the vocabulary; here every [B, P, V] term is
-  # elementwise or a reduction XLA fuses, which is most of the head's cost.
-  logits = mlm_logits.astype(jnp.float32)
-  top = jax.lax.stop_gradient(jnp.max(logits, axis=-1))
-  log_total = jnp.log(jnp.sum(jnp.exp(logits - top[..., None]), axis=-1)) + top
-  is_target = jnp.arange(logits.shape[-1]) == mlm_targets[..., None]
-  target_logit = jnp.sum(jnp.where(is_target, logits, 0.0), axis=-1)
-  nll = log_total - target_logit
+  nll, correct = slot_scores(mlm_logits, mlm_targets)
   weights = mlm_weights.astype(jnp.float32)
   count = jnp.sum(weights)
   loss_sum = jnp.sum(nll * weights)
-  # Correct when the target has the largest logit (a tie counts as correct;
-  # float logits of a trained or randomly initialised head do not tie).
-  correct = (target_logit >= top).astype(jnp.float32)
   metrics = {
       "mlm_loss": (loss_sum, count),
       "mlm_accuracy": (jnp.sum(correct * weights), count),
