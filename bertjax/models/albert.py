@@ -107,6 +107,7 @@ class SharedEncoder(nn.Module):
     attention_dropout_rate: dropout on attention probabilities.
     dtype: compute dtype.
     layer_norm_eps, activation: see ``layers.EncoderBlock``.
+    attention_impl: the attention kernel (``config.attention_impl``).
   """
   num_layers: int
   num_heads: int
@@ -117,6 +118,7 @@ class SharedEncoder(nn.Module):
   dtype: Dtype = jnp.float32
   layer_norm_eps: float = layers.LAYER_NORM_EPS
   activation: str = "gelu"
+  attention_impl: str = "xla"
 
   def setup(self):
     # layer_sharing is checked by ``from_config``.
@@ -128,7 +130,7 @@ class SharedEncoder(nn.Module):
     self.attention = [
         layers.MultiHeadAttention(
             num_heads=self.num_heads, dropout_rate=self.attention_dropout_rate,
-            dtype=self.dtype) for _ in range(num_attention)]
+            dtype=self.dtype, impl=self.attention_impl) for _ in range(num_attention)]
     self.attention_norm = [layers.layer_norm(self.dtype, None, self.layer_norm_eps)
                            for _ in range(num_attention)]
     self.mlp = [layers.Mlp(mlp_dim=self.mlp_dim, dtype=self.dtype,
@@ -137,17 +139,18 @@ class SharedEncoder(nn.Module):
                      for _ in range(num_mlp)]
     self.dropout = nn.Dropout(rate=self.dropout_rate)
 
-  def __call__(self, x: jax.Array, mask: jax.Array,
-               deterministic: bool) -> jax.Array:
+  def __call__(self, x: jax.Array, mask: jax.Array, deterministic: bool,
+               doc_ids: jax.Array | None = None) -> jax.Array:
     """Maps [batch, length, embed] to [batch, length, embed] (``dtype``).
 
-    ``mask`` is bool [batch, 1, length, length] (``layers.doc_attention_mask``).
+    ``mask`` is bool [batch, 1, length, length] (``layers.doc_attention_mask``
+    of ``doc_ids``, which fused attention kernels take instead).
     """
     x = sharding.constrain(x, layers.HIDDEN_AXES)
     for i in range(self.num_layers):
       a = min(i, len(self.attention) - 1)
       m = min(i, len(self.mlp) - 1)
-      y = self.attention[a](x, mask, deterministic)
+      y = self.attention[a](x, mask, deterministic, doc_ids=doc_ids)
       x = self.attention_norm[a](x + self.dropout(y, deterministic))
       y = self.mlp[m](x)
       x = self.mlp_norm[m](x + self.dropout(y, deterministic))
@@ -195,6 +198,7 @@ class AlbertForPretraining(nn.Module):
     dtype: compute dtype (parameters are always float32).
     layer_norm_eps, activation: ``config.layer_norm_eps`` and
       ``config.hidden_act`` (ALBERT v2 checkpoints use 'gelu_new').
+    attention_impl: the attention kernel (``config.attention_impl``).
   """
   vocab_size: int
   max_position_embeddings: int
@@ -210,6 +214,7 @@ class AlbertForPretraining(nn.Module):
   dtype: Dtype = jnp.float32
   layer_norm_eps: float = layers.LAYER_NORM_EPS
   activation: str = "gelu"
+  attention_impl: str = "xla"
 
   def setup(self):
     self.embeddings = FactorizedEmbeddings(
@@ -223,7 +228,8 @@ class AlbertForPretraining(nn.Module):
         mlp_dim=self.mlp_dim, layer_sharing=self.layer_sharing,
         dropout_rate=self.dropout_rate,
         attention_dropout_rate=self.attention_dropout_rate, dtype=self.dtype,
-        layer_norm_eps=self.layer_norm_eps, activation=self.activation)
+        layer_norm_eps=self.layer_norm_eps, activation=self.activation,
+        attention_impl=self.attention_impl)
     self.pooler = nn.Dense(
         self.hidden_size, dtype=self.dtype, param_dtype=jnp.float32,
         kernel_init=layers.kernel_init("embed", None),
@@ -245,7 +251,7 @@ class AlbertForPretraining(nn.Module):
     x = self.embeddings(inputs["tokens"], inputs["segment_ids"],
                         inputs["positions"], deterministic)
     mask = layers.doc_attention_mask(inputs["doc_ids"])
-    hidden = self.encoder(x, mask, deterministic)
+    hidden = self.encoder(x, mask, deterministic, inputs["doc_ids"])
     pooled = jnp.tanh(self.pooler(hidden[:, 0]))
     picked = jnp.take_along_axis(
         hidden, inputs["masked_positions"][:, :, None], axis=1)
@@ -293,4 +299,5 @@ def from_config(config: ml_collections.ConfigDict,
       dropout_rate=config.dropout_rate,
       attention_dropout_rate=config.attention_dropout_rate,
       dtype=dtype,
+      attention_impl=str(config.get("attention_impl", "auto")),
       **layers.numerics(config))

@@ -68,11 +68,14 @@ def check_config(config: Any) -> None:
   if impl in ("auto", "xla"):
     return
   model = str(config.get("model", "bert"))
-  if model not in ("bert", "spanbert"):
+  if model not in ("bert", "spanbert", "albert", "electra") or (
+      model == "electra" and str(config.get("encoder", "bert")) != "bert"):
     raise ValueError(
-        f"config.attention_impl={impl!r} is only used by the BERT encoder "
-        f"(models bert and spanbert), not by model {model!r}; set "
-        "--config.attention_impl=auto.")
+        f"config.attention_impl={impl!r} is only used by BERT's attention "
+        f"(models bert, spanbert, albert and electra with BERT towers), not by "
+        f"model {model!r}"
+        + (" with DeBERTa towers" if model == "electra" else "")
+        + "; set --config.attention_impl=auto.")
   if float(config.get("attention_dropout_rate", 0.0)) > 0:
     raise ValueError(
         f"config.attention_impl={impl!r} has no attention dropout but "

@@ -34,6 +34,7 @@ Parameter tree::
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Mapping
 
 import flax.linen as nn
@@ -110,6 +111,8 @@ class Tower(nn.Module):
     scan_layers, remat: as in ``layers.Encoder``.
     encoder_kind: one of ``ENCODERS``: BERT blocks (``layers.Encoder``) or
       DeBERTa's (``deberta.DisentangledStack``).
+    attention_impl: the BERT blocks' attention kernel (``config.attention_impl``;
+      DeBERTa's disentangled attention is always XLA's).
     stack_options: (name, value) pairs for the DeBERTa stack
       (``deberta.stack_options``); empty for BERT.
   """
@@ -124,6 +127,7 @@ class Tower(nn.Module):
   activation: str = "gelu"
   scan_layers: bool = False
   remat: str = "none"
+  attention_impl: str = "xla"
 
   def setup(self):
     self.dropout = nn.Dropout(rate=self.dropout_rate)
@@ -147,15 +151,20 @@ class Tower(nn.Module):
                                        **common)
     return layers.Encoder(num_layers=self.size.num_layers,
                           num_heads=self.size.num_heads,
-                          mlp_dim=self.size.mlp_dim, **common)
+                          mlp_dim=self.size.mlp_dim, **common,
+                          attention_cls=functools.partial(
+                              layers.MultiHeadAttention, impl=self.attention_impl))
 
   def __call__(self, embedded: jax.Array, mask: jax.Array,
-               deterministic: bool) -> jax.Array:
-    """[batch, length, E] shared embeddings -> [batch, length, H]."""
+               deterministic: bool, doc_ids: jax.Array | None = None) -> jax.Array:
+    """[batch, length, E] shared embeddings -> [batch, length, H]; ``doc_ids``
+    (the documents ``mask`` was made of) go to fused attention kernels."""
     x = self.dropout(embedded, deterministic)
     if self.embedding_size != self.size.hidden_size:
       x = self.projection(x)
-    return self.encoder(x, mask, deterministic)
+    if self.encoder_kind == "deberta" or doc_ids is None:
+      return self.encoder(x, mask, deterministic)
+    return self.encoder(x, mask, deterministic, {"doc_ids": doc_ids})
 
 
 class Generator(Tower):
@@ -212,7 +221,8 @@ class ElectraForPretraining(nn.Module):
     dropout_rate, attention_dropout_rate: as in BERT.
     dtype: compute dtype (parameters are always float32).
     layer_norm_eps, activation, scan_layers, remat: as in BERT.
-    encoder: one of ``ENCODERS`` for both towers; stack_options as ``Tower``.
+    encoder: one of ``ENCODERS`` for both towers; stack_options and
+      attention_impl as ``Tower``.
     add_positions: add the absolute position table to the shared embeddings
       (BERT's encoder; DeBERTa's has relative positions only).
     gdes: gradient-disentangled embedding sharing (DeBERTa-v3): the
@@ -237,6 +247,7 @@ class ElectraForPretraining(nn.Module):
   stack_options: tuple[tuple[str, Any], ...] = ()
   add_positions: bool = True
   gdes: bool = False
+  attention_impl: str = "xla"
 
   def setup(self):
     # Dropout lives in each tower (see the module docstring), not here.
@@ -257,7 +268,7 @@ class ElectraForPretraining(nn.Module):
                  attention_dropout_rate=self.attention_dropout_rate,
                  dtype=self.dtype, layer_norm_eps=self.layer_norm_eps,
                  activation=self.activation, scan_layers=self.scan_layers,
-                 remat=self.remat)
+                 remat=self.remat, attention_impl=self.attention_impl)
     self.generator_tower = Generator(size=self.generator,
                                      vocab_size=self.vocab_size,
                                      name="generator", **tower)
@@ -281,7 +292,7 @@ class ElectraForPretraining(nn.Module):
     if self.is_initializing():
       self.generate(inputs, deterministic)
     x, mask = self._embed(inputs, self.word_delta if self.gdes else None)
-    hidden = self.discriminator_tower(x, mask, deterministic)
+    hidden = self.discriminator_tower(x, mask, deterministic, inputs["doc_ids"])
     return {"hidden": hidden,
             "rtd_logits": self.discriminator_tower.logits(hidden)}
 
@@ -291,7 +302,7 @@ class ElectraForPretraining(nn.Module):
     ``masked_positions`` (int32 [batch, predictions]) and ``hidden``
     [batch, length, H_g]."""
     x, mask = self._embed(inputs)
-    hidden = self.generator_tower(x, mask, deterministic)
+    hidden = self.generator_tower(x, mask, deterministic, inputs["doc_ids"])
     picked = jnp.take_along_axis(
         hidden, inputs["masked_positions"][:, :, None], axis=1)
     return {"mlm_logits": self.generator_tower.logits(
@@ -307,7 +318,7 @@ def from_config(config: ml_collections.ConfigDict,
     config: uses model_size (or explicit sizes), embedding_size, the
       generator fields (``generator_size``), vocab_size,
       max_position_embeddings, type_vocab_size, dropout rates, seq_len,
-      layer_norm_eps, hidden_act, scan_layers and remat.
+      layer_norm_eps, hidden_act, scan_layers, remat and attention_impl.
     dtype: the compute dtype, already parsed from config.dtype.
   """
   embedding_size = int(config.get("embedding_size", 0))
@@ -333,6 +344,7 @@ def from_config(config: ml_collections.ConfigDict,
       dtype=dtype,
       scan_layers=bool(config.get("scan_layers", False)),
       remat=str(config.get("remat", "none")),
+      attention_impl=str(config.get("attention_impl", "auto")),
       **layers.numerics(config))
 
 
