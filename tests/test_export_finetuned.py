@@ -199,3 +199,22 @@ def test_sentencepiece_readers_export_as_their_qa_class(hf_inits, tmp_path, init
   scored = feats["context_mask"].copy()
   scored[:, 0] = True
   np.testing.assert_allclose(theirs[scored], ours[scored], atol=1e-4)
+
+
+@pytest.mark.parametrize("init,architecture", [
+    ("deberta", "DebertaV2ForTokenClassification"),
+    ("xlnet", "XLNetForTokenClassification")])
+def test_sentencepiece_taggers_export_as_token_classification(hf_inits, tmp_path, init,
+                                                              architecture):
+  rng = np.random.default_rng(1)
+  (tmp_path / "tags.conll").write_text("".join(
+      "".join(f"{w} {'B-X' if w == 'cat' else 'O'}\n" for w in rng.choice(WORDS, 6)) + "\n"
+      for _ in range(16)))
+  tagger = _finetune(tmp_path, hf_inits[init], tmp_path / "tags.conll")
+  sentences = [list(rng.choice(WORDS, 6)) for _ in range(4)]
+  ours, theirs, hf, feats = _ours_and_theirs(
+      tagger, str(tmp_path / "hf_tag"), transformers.AutoModelForTokenClassification,
+      sentences)
+  assert type(hf).__name__ == architecture
+  real = feats["tokens"] != 0
+  np.testing.assert_allclose(theirs[real], ours[real], atol=1e-4)
