@@ -145,76 +145,55 @@ def test_sequence_classifiers_export_as_their_transformers_class(
     assert not (tmp_path / f"hf_{name}").exists()
 
 
-def test_bert_tagger_and_reader_export_as_token_classification_and_qa(hf_inits, tmp_path):
+def _tagger_parity(tmp_path, init):
+  """Fine-tunes a tagger from ``init``; exported, transformers' logits equal
+  bertjax's on the real tokens. Returns the exported class's name."""
   rng = np.random.default_rng(0)
   (tmp_path / "tags.conll").write_text("".join(
       "".join(f"{w} {'B-X' if w == 'cat' else 'O'}\n" for w in rng.choice(WORDS, 6)) + "\n"
       for _ in range(16)))
-  (tmp_path / "tag").mkdir()
-  tagger = _finetune(tmp_path / "tag", hf_inits["bert"], tmp_path / "tags.conll")
+  tagger = _finetune(tmp_path, init, tmp_path / "tags.conll")
   sentences = [list(rng.choice(WORDS, 6)) for _ in range(4)]
   ours, theirs, hf, feats = _ours_and_theirs(
       tagger, str(tmp_path / "hf_tag"), transformers.AutoModelForTokenClassification,
       sentences)
-  assert type(hf).__name__ == "BertForTokenClassification"
   real = feats["tokens"] != 0
   np.testing.assert_allclose(theirs[real], ours[real], atol=1e-4)
-  # Extractive QA: a SQuAD file; start/end logits on the real tokens.
+  return type(hf).__name__
+
+
+def _reader_parity(tmp_path, init):
+  """Fine-tunes an extractive reader (a SQuAD file) from ``init``; exported,
+  transformers' start/end logits equal bertjax's. Returns the class's name."""
   import json
   qas = [{"id": str(i), "question": "the cat ?",
           "answers": [{"text": "cat", "answer_start": 4}]} for i in range(16)]
   (tmp_path / "qa.json").write_text(json.dumps(
       {"data": [{"paragraphs": [{"context": "the cat sat on a mat", "qas": qas}]}]}))
-  (tmp_path / "qa").mkdir()
-  reader = _finetune(tmp_path / "qa", hf_inits["bert"], tmp_path / "qa.json", doc_stride=8)
+  reader = _finetune(tmp_path, init, tmp_path / "qa.json", doc_stride=8)
   ours, theirs, hf, feats = _ours_and_theirs(
       reader, str(tmp_path / "hf_qa"), transformers.AutoModelForQuestionAnswering,
       [{"question": "the dog ?", "context": "a dog sat on the mat"}])
-  assert type(hf).__name__ == "BertForQuestionAnswering"
   # bertjax's decoding rules out all but the context and [CLS]: compare there.
   scored = feats["context_mask"].copy()
   scored[:, 0] = True
   np.testing.assert_allclose(theirs[scored], ours[scored], atol=1e-4)
+  return type(hf).__name__
 
 
-@pytest.mark.parametrize("init,architecture", [
-    ("xlnet", "XLNetForQuestionAnsweringSimple"),
-    ("deberta", "DebertaV2ForQuestionAnswering")])
-def test_sentencepiece_readers_export_as_their_qa_class(hf_inits, tmp_path, init,
-                                                        architecture):
-  # XLNet's AutoModelForQuestionAnswering is XLNetForQuestionAnsweringSimple
-  # (start/end logits); XLNetForQuestionAnswering is the beam-search reader.
-  # DeBERTa's directory has no tokenizer.json: the answers are mapped through
-  # the sentencepiece offsets of bertjax's import.
-  import json
-  qas = [{"id": str(i), "question": "the cat ?",
-          "answers": [{"text": "cat", "answer_start": 4}]} for i in range(16)]
-  (tmp_path / "qa.json").write_text(json.dumps(
-      {"data": [{"paragraphs": [{"context": "the cat sat on a mat", "qas": qas}]}]}))
-  reader = _finetune(tmp_path, hf_inits[init], tmp_path / "qa.json", doc_stride=8)
-  ours, theirs, hf, feats = _ours_and_theirs(
-      reader, str(tmp_path / "hf_qa"), transformers.AutoModelForQuestionAnswering,
-      [{"question": "the dog ?", "context": "a dog sat on the mat"}])
-  assert type(hf).__name__ == architecture
-  scored = feats["context_mask"].copy()
-  scored[:, 0] = True
-  np.testing.assert_allclose(theirs[scored], ours[scored], atol=1e-4)
-
-
-@pytest.mark.parametrize("init,architecture", [
-    ("deberta", "DebertaV2ForTokenClassification"),
-    ("xlnet", "XLNetForTokenClassification")])
-def test_sentencepiece_taggers_export_as_token_classification(hf_inits, tmp_path, init,
-                                                              architecture):
-  rng = np.random.default_rng(1)
-  (tmp_path / "tags.conll").write_text("".join(
-      "".join(f"{w} {'B-X' if w == 'cat' else 'O'}\n" for w in rng.choice(WORDS, 6)) + "\n"
-      for _ in range(16)))
-  tagger = _finetune(tmp_path, hf_inits[init], tmp_path / "tags.conll")
-  sentences = [list(rng.choice(WORDS, 6)) for _ in range(4)]
-  ours, theirs, hf, feats = _ours_and_theirs(
-      tagger, str(tmp_path / "hf_tag"), transformers.AutoModelForTokenClassification,
-      sentences)
-  assert type(hf).__name__ == architecture
-  real = feats["tokens"] != 0
-  np.testing.assert_allclose(theirs[real], ours[real], atol=1e-4)
+# XLNet's AutoModelForQuestionAnswering is XLNetForQuestionAnsweringSimple
+# (start/end logits); XLNetForQuestionAnswering is the beam-search reader.
+# DeBERTa's directory has no tokenizer.json: answers and word tags are mapped
+# through the sentencepiece offsets of bertjax's import.
+@pytest.mark.parametrize("init,kind,architecture", [
+    ("bert", "tagging", "BertForTokenClassification"),
+    ("bert", "qa", "BertForQuestionAnswering"),
+    ("deberta", "tagging", "DebertaV2ForTokenClassification"),
+    ("deberta", "qa", "DebertaV2ForQuestionAnswering"),
+    ("xlnet", "tagging", "XLNetForTokenClassification"),
+    ("xlnet", "qa", "XLNetForQuestionAnsweringSimple"),
+])
+def test_taggers_and_readers_export_as_their_transformers_class(
+    hf_inits, tmp_path, init, kind, architecture):
+  parity = _tagger_parity if kind == "tagging" else _reader_parity
+  assert parity(tmp_path, hf_inits[init]) == architecture
