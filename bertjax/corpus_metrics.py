@@ -4,7 +4,7 @@ A mixture's batches mix its corpora, so the training loss alone does not
 say how each one is learnt. For a mixture, the training iterator labels every
 row with the corpus its (first) document comes from (``labelled``: a one-hot
 ``corpus`` field [B, C], from the row's ``example_id`` and
-``mixture.MixedSource.locate``; a row of the full_sentences or stream layouts
+``mixture.MixedSource.corpora``; a row of the full_sentences or stream layouts
 that crosses into another document counts toward its first token's corpus).
 The train step splits that field off before masking and sums the masked-LM
 scores of each corpus's rows (``mlm_sums``: every objective's masked-LM part,
@@ -42,9 +42,8 @@ class LabelledIterator:
   def __next__(self) -> dict[str, np.ndarray]:
     batch = dict(next(self._parent))
     docs = batch["example_id"][:, 0]
-    corpus = np.array([self._source.locate(int(d))[0] for d in docs], np.int64)
     onehot = np.zeros((len(docs), self._num), np.float32)
-    onehot[np.arange(len(docs)), corpus] = 1.0
+    onehot[np.arange(len(docs)), self._source.corpora(docs)] = 1.0
     onehot[~batch["example_mask"].astype(bool)] = 0.0
     batch[FIELD] = onehot
     return batch
@@ -59,7 +58,7 @@ class LabelledIterator:
 def labelled(train_iter: Any, source: Any, num_corpora: int) -> Any:
   """``train_iter`` with corpus labels where ``source`` is a mixture's pass
   of several corpora, else ``train_iter`` itself."""
-  if num_corpora < 2 or not hasattr(source, "locate"):
+  if num_corpora < 2 or not hasattr(source, "corpora"):
     return train_iter
   return LabelledIterator(train_iter, source, num_corpora)
 

@@ -180,7 +180,7 @@ class _SentencePiece:
     if mine != cleaned:
       import difflib
       aligned = [len(text) - 1] * len(cleaned)
-      for tag, a0, a1, b0, b1 in difflib.SequenceMatcher(
+      for _, a0, a1, b0, b1 in difflib.SequenceMatcher(
           None, mine, cleaned, autojunk=False).get_opcodes():
         for k in range(b0, b1):
           a = min(a0 + (k - b0), max(a1 - 1, a0))

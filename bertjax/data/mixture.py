@@ -269,6 +269,10 @@ class MixedSource:
   def __len__(self) -> int:
     return int(self._ends[-1])
 
+  def corpora(self, indices: np.ndarray) -> np.ndarray:
+    """The corpus of each mixture index (int64, ``indices``' shape)."""
+    return np.searchsorted(self._ends, np.asarray(indices), side="right")
+
   def locate(self, index: int) -> tuple[int, int]:
     """(corpus, document within it) of mixture index ``index``."""
     if not 0 <= index < len(self):
