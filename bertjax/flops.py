@@ -80,6 +80,7 @@ from __future__ import annotations
 
 import functools
 import time
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -210,28 +211,41 @@ def _datasheet_peak(device_kind: str) -> float | None:
 
 
 @functools.lru_cache(maxsize=None)
-def measured_matmul_peak(n: int = 1024, repeats: int = 10) -> float:
-  """Best float32 [n, n] x [n, n] matmul FLOP/s of the default device.
-
-  Measured once per process (cached): a jitted chain of 8 matmuls, best of
-  ``repeats`` timed runs after one warm-up.
-  """
+def _matmul_chain(n: int) -> tuple[Callable[[], jax.Array], float]:
+  """(a jitted chain of 8 float32 [n, n] matmuls, compiled; its FLOPs)."""
   a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
   b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32) / n ** 0.5
 
   @jax.jit
-  def chain(x):
+  def chain(x, w):
     for _ in range(8):
-      x = x @ b
+      x = x @ w
     return x
 
-  chain(a).block_until_ready()
+  chain(a, b).block_until_ready()  # compiled and warm
+  return (lambda: chain(a, b)), 8 * 2.0 * n ** 3
+
+
+def matmul_flops_per_second(n: int = 1024, repeats: int = 10) -> float:
+  """Best float32 [n, n] x [n, n] matmul FLOP/s of the default device, now.
+
+  Best of ``repeats`` timed runs of a chain of 8 matmuls (compiled once per
+  process). Not cached: a benchmark on a shared host samples it between its
+  rounds and keeps the best (``bench/step_bench.py``).
+  """
+  run, chain_flops = _matmul_chain(n)
   best = float("inf")
   for _ in range(repeats):
     start = time.perf_counter()
-    chain(a).block_until_ready()
+    run().block_until_ready()
     best = min(best, time.perf_counter() - start)
-  return 8 * 2.0 * n ** 3 / best
+  return chain_flops / best
+
+
+@functools.lru_cache(maxsize=None)
+def measured_matmul_peak(n: int = 1024, repeats: int = 10) -> float:
+  """``matmul_flops_per_second``, measured once per process (cached)."""
+  return matmul_flops_per_second(n, repeats)
 
 
 def peak_flops_per_second(devices: list[jax.Device] | None = None) -> float:
