@@ -102,6 +102,7 @@ _COMPILER_OPTIONS = {
 }
 _FEATURES = (("baseline", "guard_cond", "guard_where", "optax_clip", "scale_queries",
               "wgrad_autodiff", "wgrad_heads_autodiff", "wgrad_all_transposed", "wgrad_split",
+              "heads_flat", "heads_transposed",
               "dx_3d",
                "embed_gather", "word_bf16",
               "full_last_layer", "gelu_saved", "gelu_erfc", "ln_saved",
@@ -301,7 +302,12 @@ def _patched(variant: str):
   saved_pays = projection.transpose_pays
   saved_transposed = projection.transposed
   saved_input_gradient = projection.input_gradient
+  saved_flat_heads = projection.flat_heads
   try:
+    if "heads_flat" in features:
+      projection.flat_heads = lambda: True
+    if features & {"heads_transposed", "wgrad_heads_autodiff", "wgrad_all_transposed"}:
+      projection.flat_heads = lambda: False
     if "wgrad_autodiff" in features:
       projection.enabled = lambda: False
     if "wgrad_heads_autodiff" in features:
@@ -365,6 +371,7 @@ def _patched(variant: str):
     projection.transpose_pays = saved_pays
     projection.transposed = saved_transposed
     projection.input_gradient = saved_input_gradient
+    projection.flat_heads = saved_flat_heads
 
 
 def _build(config, variant: str):

@@ -22,7 +22,8 @@ def _numbers(x_ndim, count):
 
 @pytest.mark.parametrize("x_shape,k_shape,count", _CASES)
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_values_and_gradients_match_autodiff(x_shape, k_shape, count, dtype):
+@pytest.mark.parametrize("impl", ["project", "flat"])
+def test_values_and_gradients_match_autodiff(x_shape, k_shape, count, dtype, impl):
   kx, kk, kg = jax.random.split(jax.random.key(0), 3)
   x = jax.random.normal(kx, x_shape, dtype)
   kernel = jax.random.normal(kk, k_shape, dtype)
@@ -33,7 +34,7 @@ def test_values_and_gradients_match_autodiff(x_shape, k_shape, count, dtype):
     return jax.lax.dot_general(x, kernel, numbers)
 
   def ours(x, kernel):
-    return projection.project(x, kernel, count)
+    return getattr(projection, impl)(x, kernel, count)
 
   y_ref, vjp_ref = jax.vjp(ref, x, kernel)
   y, vjp = jax.vjp(ours, x, kernel)
@@ -83,3 +84,30 @@ def test_gathered_takes_the_form_on_cpu_when_the_input_is_narrower(
   assert _uses_barrier(loss, kernel) == transposed
   monkeypatch.setattr(projection, "enabled", lambda: False)
   assert not _uses_barrier(loss, kernel)
+
+
+@pytest.mark.parametrize("flat_heads", [True, False])
+@pytest.mark.parametrize("k_shape,count", [((8, 2, 4), 1), ((2, 4, 8), 2)])
+def test_attention_kernels_take_the_flat_product_where_the_host_asks(
+    flat_heads, k_shape, count, monkeypatch):
+  """The 3-D attention kernels: one 2-D matmul with autodiff's gradients (no
+  transposed activations) on a host without AVX-512, ``project`` elsewhere;
+  a 2-D kernel keeps ``project`` either way. Same values in every form."""
+  monkeypatch.setattr(projection, "flat_heads", lambda: flat_heads)
+  dot = layers.gathered("embed", "heads") if count == 1 else layers.gathered("heads", "embed")
+  x = jax.random.normal(jax.random.key(3), (2, 6) + k_shape[:count])
+  numbers = _numbers(x.ndim, count)
+  kernel = jax.random.normal(jax.random.key(4), k_shape)
+
+  def loss(kernel):
+    return jnp.sum(dot(x, kernel, numbers) ** 2)
+
+  assert projection.form(kernel, count) == ("flat" if flat_heads else "transposed")
+  assert _uses_barrier(loss, kernel) == (not flat_heads)
+  if flat_heads:  # the product the jaxpr holds is 2-D: [rows, inner] x [inner, outer]
+    jaxpr = str(jax.make_jaxpr(lambda k: dot(x, k, numbers))(kernel))
+    assert "f32[12,8] = dot_general" in jaxpr
+  np.testing.assert_allclose(dot(x, kernel, numbers),
+                             jax.lax.dot_general(x, kernel, numbers), rtol=1e-5, atol=1e-5)
+  wide = jnp.ones((8, 24))
+  assert projection.form(wide, 1) == "transposed"

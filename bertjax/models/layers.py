@@ -67,9 +67,12 @@ def gathered(*kernel_axes: str | None) -> Callable[..., jax.Array]:
     if rhs.ndim == len(spec):
       rhs = sharding.constrain(rhs, spec)
     count = projection.is_projection(lhs, rhs, dimension_numbers)
-    if (count and not kwargs and projection.enabled()
-        and projection.transpose_pays(rhs, count)):
-      return projection.project(lhs, rhs, count, precision)
+    if count and not kwargs and projection.enabled():
+      form = projection.form(rhs, count)
+      if form == "transposed":
+        return projection.project(lhs, rhs, count, precision)
+      if form == "flat":
+        return projection.flat(lhs, rhs, count, precision)
     return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                                **kwargs)
   return dot_general

@@ -65,6 +65,49 @@ def transpose_pays(kernel: jax.Array, count: int) -> bool:
   return math.prod(kernel.shape[:count]) <= math.prod(kernel.shape[count:])
 
 
+@functools.lru_cache(maxsize=None)
+def _host_has_avx512() -> bool:
+  """Whether this host's CPU has AVX-512 (Linux's /proc/cpuinfo flags);
+  True where that cannot be read, so that such a host keeps ``project``."""
+  try:
+    with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+      for line in f:
+        if line.startswith("flags"):
+          return "avx512f" in line.split()
+  except OSError:
+    pass
+  return True
+
+
+def flat_heads() -> bool:
+  """Whether the attention's 3-D kernels take ``flat``: on hosts without
+  AVX-512. There (a Zen 3 host, AVX2) the transposed activations of
+  ``project`` cost more than they save on these kernels, and the 2-D product
+  with autodiff's gradient was 4% faster a BERT-base step; with AVX-512
+  (Zen 5) ``project`` was 2.5-3% faster (docs/performance.md)."""
+  return not _host_has_avx512()
+
+
+def form(kernel: jax.Array, count: int) -> str:
+  """How a plain projection onto ``kernel`` is written when the step
+  compiles for a CPU: 'flat' (``flat``), 'transposed' (``project``) or
+  'plain' (``lax.dot_general``)."""
+  if kernel.ndim > 2 and flat_heads():
+    return "flat"
+  return "transposed" if transpose_pays(kernel, count) else "plain"
+
+
+def flat(x: jax.Array, kernel: jax.Array, count: int,
+         precision=None) -> jax.Array:
+  """``project``'s product as one 2-D matmul, ``x`` seen as [rows, inner]
+  and the kernel as [inner, outer] (bitcasts), with autodiff's gradients."""
+  inner = math.prod(kernel.shape[:count])
+  outer = math.prod(kernel.shape[count:])
+  y = lax.dot_general(x.reshape(-1, inner), kernel.reshape(inner, outer),
+                      (((1,), (0,)), ((), ())), precision=precision)
+  return y.reshape(x.shape[:x.ndim - count] + kernel.shape[count:])
+
+
 def transposed(x: jax.Array) -> jax.Array:
   """``x.T`` materialised row-major: the barrier keeps XLA from folding the
   transpose into the product's dimension numbers."""
