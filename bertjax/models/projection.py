@@ -23,6 +23,9 @@ sums (bit-identical in the A/B runs), the kernel gradient the same sums in
 another order (equal to float rounding). Used only when the step compiles
 for a CPU (``enabled``): TPU and GPU compilers pick their own layouts for
 the product.
+On a host without AVX-512 the attention's 3-D kernels take ``flat``
+instead (``form``, ``flat_heads``): one 2-D product with autodiff's
+gradients, which was faster there than the transposed activations.
 Measured in docs/performance.md (issue 17).
 """
 
