@@ -164,3 +164,27 @@ def test_discriminator_exports_as_a_debertav2model(trained, tmp_path):
       hf.embeddings.word_embeddings.weight.detach().numpy(),
       np.asarray(params["embeddings"]["word_embeddings"]["embedding"]) + delta,
       rtol=0, atol=1e-6)
+
+
+def test_finetuned_tower_refuses_export_and_writes_nothing(trained, tmp_path):
+  # Fine-tuning the run's workdir fine-tunes its DeBERTa discriminator tower,
+  # a model no transformers task class loads as such: the export says how to
+  # get one (export the pretraining run, fine-tune that) and writes nothing.
+  from bertjax.finetune import loop
+  _, workdir = trained
+  rows = "".join(f"{'good code' if i % 2 else 'bad code'} {i},{'yes' if i % 2 else 'no'}\n"
+                 for i in range(16))
+  (tmp_path / "train.csv").write_text("sentence,label\n" + rows)
+  cfg = config_files.shipped("finetune").get_config("local")
+  for k, v in dict(train_files=str(tmp_path / "train.csv"),
+                   eval_files=str(tmp_path / "train.csv"), seq_len=32, batch_size=8,
+                   num_epochs=1.0, log_every_steps=1000,
+                   checkpoint_every_steps=1000).items():
+    setattr(cfg, k, v)
+  tuned = str(tmp_path / "ft")
+  result = loop.run(cfg, workdir, tuned)
+  assert result["step"] == 2 and result["num_examples"] == 16
+  out = tmp_path / "hf"
+  with pytest.raises(ValueError, match="DeBERTa tower of an ELECTRA-style run"):
+    convert_workdir.export_hf(tuned, str(out))
+  assert not out.exists()
