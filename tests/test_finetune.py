@@ -127,14 +127,9 @@ def test_resume_is_exact(pretrained, tmp_path, monkeypatch):
 
 
 def _saved_params(workdir, step):
-  import jax
-  import orbax.checkpoint as ocp
-  manager = ocp.CheckpointManager(
-      workdir / "checkpoints", options=ocp.CheckpointManagerOptions(read_only=True),
-      item_names=("state", "data", "config"))
-  state = manager.restore(step, args=ocp.args.Composite(
-      state=ocp.args.PyTreeRestore()))["state"]
-  return jax.tree.map(np.asarray, state["params"])
+  """The parameters saved at ``step``, read as ``bertjax.load`` reads them."""
+  from bertjax.finetune import inference
+  return inference.read(str(workdir), step).params
 
 
 def test_nonfinite_update_is_skipped_counted_or_stops_the_run(pretrained, tmp_path):
