@@ -102,6 +102,7 @@ _COMPILER_OPTIONS = {
 }
 _FEATURES = (("baseline", "guard_cond", "guard_where", "optax_clip", "scale_queries",
               "wgrad_autodiff", "wgrad_heads_autodiff", "wgrad_all_transposed", "wgrad_split",
+              "wide_transposed",
               "heads_flat", "heads_transposed",
               "dx_3d",
                "embed_gather", "word_bf16",
@@ -313,7 +314,7 @@ def _patched(variant: str):
     if "wgrad_heads_autodiff" in features:
       projection.transpose_pays = (
           lambda kernel, count: kernel.ndim == 2 and saved_pays(kernel, count))
-    if "wgrad_all_transposed" in features:
+    if features & {"wgrad_all_transposed", "wide_transposed"}:
       projection.transpose_pays = lambda kernel, count: True
     if "dx_3d" in features:
       projection.input_gradient = _input_gradient_3d
