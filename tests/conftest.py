@@ -27,9 +27,35 @@ import pytest  # noqa: E402
 _PROFILE = cProfile.Profile() if os.environ.get("BERTJAX_TEST_PROFILE") else None
 
 
+def _record_compiles(out):
+  """Appends one JSON line per trace, lowering, compile and cache hit to OUT."""
+  import json
+  from jax import monitoring
+  name = os.environ.get("PYTEST_XDIST_WORKER", "main")
+  os.makedirs(out, exist_ok=True)
+  log = open(os.path.join(out, f"{name}.jsonl"), "a", buffering=1)
+
+  def on_duration(event, secs, **kwargs):
+    log.write(json.dumps({
+        "test": os.environ.get("PYTEST_CURRENT_TEST", ""), "event": event,
+        "fun": kwargs.get("fun_name", ""), "secs": secs}) + "\n")
+
+  def on_event(event, **kwargs):
+    if "compilation_cache" in event:
+      on_duration(event, 0.0, **kwargs)
+
+  monitoring.register_event_duration_secs_listener(on_duration)
+  monitoring.register_event_listener(on_event)
+
+
 def pytest_sessionstart(session):
   if _PROFILE is not None:
     _PROFILE.enable()
+  # BERTJAX_TEST_COMPILES=DIR: each test process logs every trace, lowering,
+  # XLA compile and compilation-cache hit with the test that caused it
+  # (DIR/<worker>.jsonl) -- how the suite's compile time was counted.
+  if os.environ.get("BERTJAX_TEST_COMPILES"):
+    _record_compiles(os.environ["BERTJAX_TEST_COMPILES"])
 
 
 def pytest_sessionfinish(session):
