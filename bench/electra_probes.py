@@ -154,7 +154,7 @@ def main(argv):
                                          local_batch_size=config.batch_size)
   names = ("disc_auc", "disc_accuracy", "disc_all_original_accuracy")
   sums, start = {}, time.time()
-  with mesh:
+  with sharding.use_mesh(mesh):
     for i in range(_STEPS.value):
       state, metrics = step(state, next(batches))
       for name in names:

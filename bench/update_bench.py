@@ -100,7 +100,7 @@ def main(argv):
   for name in _GUARDS.value:
     def update(params, opt_state, grads, form=_FORMS[name],
                old=name == "cond_optax_clip"):
-      norm = optax.global_norm(grads)
+      norm = optax.tree.norm(grads)
       finite = jnp.isfinite(norm)
       if old:
         return form(finite, old_tx, grads, params, opt_state)

@@ -96,8 +96,8 @@ def lower_train_step(config, mesh) -> Any:
   """The train step of ``config`` traced and lowered for ``mesh``, unrun.
 
   Exactly what the train loop jits (``train.make_train_step``), applied to
-  abstract state and batch that carry their shardings; call inside ``with
-  mesh:``. ``.compile()`` on the result compiles it for the mesh's devices.
+  abstract state and batch that carry their shardings; call inside
+  ``sharding.use_mesh(mesh)``. ``.compile()`` on the result compiles it for the mesh's devices.
   """
   model = models.get_model(config)
   objective = objectives.get_objective(config)
@@ -157,7 +157,7 @@ def compile_for_topology(config, topology: str) -> dict[str, Any]:
       "hbm_bytes_per_chip": hbm,
       "useful_flops_per_step": flops.step_flops(config),
   }
-  with mesh:
+  with sharding.use_mesh(mesh):
     lowered = lower_train_step(config, mesh)
     try:
       compiled = lowered.compile()

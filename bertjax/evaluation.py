@@ -105,7 +105,7 @@ def _score(config, params, source, mesh, step_fn, should_stop):
       max_batches=config.eval_max_batches)
   rng = jax.random.key(config.eval_seed)
   sums, counts = None, None
-  with mesh:
+  with sharding.use_mesh(mesh):
     for batch in batches:
       if should_stop is not None and should_stop():
         return None

@@ -68,7 +68,7 @@ def clip_by_global_norm(max_norm: float) -> optax.GradientTransformationExtraArg
 
   def update_fn(updates, state, params=None, *, grad_norm=None, **extra_args):
     del params, extra_args
-    norm = optax.global_norm(updates) if grad_norm is None else grad_norm
+    norm = optax.tree.norm(updates) if grad_norm is None else grad_norm
     scale = jnp.where(norm < max_norm, jnp.ones_like(norm), max_norm / norm)
     return jax.tree.map(lambda g: g * scale.astype(g.dtype), updates), state
 

@@ -14,6 +14,7 @@ place that says where each goes.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import threading
@@ -94,6 +95,33 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 # The mesh of the step being traced (``with_rules``), read by ``constrain``.
 _TRACING = threading.local()
+# The mesh the traced code runs on (``use_mesh``), read by ``context_mesh``.
+_RUNS_ON = threading.local()
+
+
+@contextlib.contextmanager
+def use_mesh(mesh: Mesh | None):
+  """Functions traced inside run on ``mesh``: the attention kernels read it
+  (``context_mesh``) for the platform they compile for and to place a fused
+  kernel in ``shard_map``.
+
+  This replaces jax's ``with mesh:``, which is deprecated. Its successor,
+  ``jax.set_mesh``, would also bind an abstract mesh, which turns on flax's
+  constraints in parameter unboxing (wrong for DenseGeneral's flattened
+  kernels); every array here carries an explicit ``NamedSharding``, so the
+  traced code only needs to know the mesh.
+  """
+  previous = getattr(_RUNS_ON, "mesh", None)
+  _RUNS_ON.mesh = mesh
+  try:
+    yield mesh
+  finally:
+    _RUNS_ON.mesh = previous
+
+
+def context_mesh() -> Mesh | None:
+  """The mesh of the enclosing ``use_mesh`` (or ``with_rules`` trace), or None."""
+  return getattr(_RUNS_ON, "mesh", None)
 
 
 def with_rules(fn: Any, mesh: Mesh | None) -> Any:
@@ -112,7 +140,8 @@ def with_rules(fn: Any, mesh: Mesh | None) -> Any:
     previous = getattr(_TRACING, "mesh", None)
     _TRACING.mesh = mesh
     try:
-      return fn(*args, **kwargs)
+      with use_mesh(mesh if mesh is not None else context_mesh()):
+        return fn(*args, **kwargs)
     finally:
       _TRACING.mesh = previous
   return traced

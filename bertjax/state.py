@@ -128,7 +128,7 @@ def create_train_state(model: nn.Module, tx: optax.GradientTransformation, confi
                       opt_state=tx.init(params), carry=empty_carry(model, config))
 
   rng = jax.random.fold_in(jax.random.key(config.seed), 0x1417)
-  with mesh:
+  with sharding.use_mesh(mesh):
     state = jax.jit(init, out_shardings=shardings)(rng)
   return state, shardings
 

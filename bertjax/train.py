@@ -103,7 +103,7 @@ def train_step(state: state_lib.TrainState, batch: dict[str, jax.Array],
         microbatches, mesh, carried, corpus)
   loss = jnp.where(state.step == debug_nan_step, jnp.nan, loss)
   with jax.named_scope("optimizer"):
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
   params, opt_state = guards.update_if_finite(finite, tx, grads, state.params,
                                               state.opt_state, grad_norm)
@@ -388,7 +388,7 @@ def _train_and_evaluate(config, workdir, stop_at_step, preemption):
     writer.flush_from_step(step)
 
   try:
-    with mesh:
+    with sharding.use_mesh(mesh):
       while step < last:
         host_batch = next(train_iter)
         state, step_metrics = step_fn(state, to_global(host_batch, mesh), rng)
@@ -441,7 +441,7 @@ def _train_and_evaluate(config, workdir, stop_at_step, preemption):
   if periodic[0] == step:  # the last step's periodic evaluation is the final one
     record = {"step": step, **periodic[1]}
   else:
-    with mesh:  # the periodic evaluations' context, so eval_fn is not traced again
+    with sharding.use_mesh(mesh):  # the periodic evaluations' context
       record = evaluation.evaluate_params(config, state.params, prepared, mesh, model,
                                           objective, should_stop=eval_stop,
                                           step_fn=eval_fn)

@@ -9,6 +9,10 @@ import tempfile
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# jax's ``with mesh:`` is deprecated: bertjax traces on a mesh through
+# ``sharding.use_mesh``, and any use left (here or in the binaries the tests
+# start) fails instead of warning.
+os.environ.setdefault("JAX_DISALLOW_MESH_CONTEXT_MANAGER", "true")
 # One compilation cache for the session: a test that builds the same step
 # again (a resumed run, a second mesh of the same shape) loads it instead of
 # recompiling. A fresh directory, so no test reads another session's entries.

@@ -18,6 +18,7 @@ import pytest
 import variant_steps
 from bertjax import batch as batch_lib
 from bertjax import config_validation
+from bertjax import sharding
 from bertjax import train
 from bertjax.models import attention
 from bertjax.models import layers
@@ -262,7 +263,7 @@ def _losses(config, steps, mesh_shape="1,1,1"):
   mesh, state, step_fn = variant_steps.setup(config, mesh_shape, devices)
   batch = _packed_batch(config)
   losses = []
-  with mesh:
+  with sharding.use_mesh(mesh):
     for i in range(steps):
       state, metrics = step_fn(state, train.to_global(batch, mesh),
                                jax.random.key(i))
@@ -316,7 +317,7 @@ def test_albert_and_electra_train_steps_match_xla(name):
   # splash's Pallas call, once per attention layer of each tower.
   config = _variant_config(name, attention_impl="splash")
   mesh, state, step_fn = variant_steps.setup(config, "1,1,1", jax.devices()[:1])
-  with mesh:
+  with sharding.use_mesh(mesh):
     jaxpr = str(jax.make_jaxpr(step_fn)(
         state, train.to_global(_packed_batch(config), mesh), jax.random.key(0)))
   assert jaxpr.count("pallas_call") >= (2 if name == "electra" else 1)

@@ -14,6 +14,7 @@ from flax import traverse_util
 
 from bertjax import config_files
 from bertjax import models
+from bertjax import sharding
 from bertjax import state as state_lib
 from bertjax import train
 from bertjax.data import pipeline
@@ -299,7 +300,7 @@ def test_same_losses_on_one_device_and_on_a_data_fsdp_tensor_mesh(
   batches = [next(it) for _ in range(2)]
   mesh, state, step_fn = variant_steps.setup(small_config, "1,1,1", jax.devices()[:1])
   one = []
-  with mesh:
+  with sharding.use_mesh(mesh):
     for b in batches:
       state, m = step_fn(state, train.to_global(b, mesh),
                          jax.random.key(small_config.seed))

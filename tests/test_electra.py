@@ -249,7 +249,7 @@ def test_same_losses_on_one_device_and_on_a_2x2x2_mesh(small, demo_data, referen
   batches = [next(it) for _ in range(2)]
   mesh, state, step_fn = variant_steps.setup(small, "1,1,1", jax.devices()[:1])
   rows = []
-  with mesh:
+  with sharding.use_mesh(mesh):
     for b in batches:
       state, m = step_fn(state, train.to_global(b, mesh), jax.random.key(small.seed))
       rows.append([float(m[k][0] / m[k][1]) for k in names])

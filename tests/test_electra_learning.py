@@ -59,7 +59,7 @@ def test_discriminator_learns_a_rare_token_replacement(demo_data):
   it = pipeline.make_train_iterator(c, demo_data.source("train"),
                                     local_batch_size=c.batch_size)
   late = {}
-  with mesh:
+  with sharding.use_mesh(mesh):
     for i in range(c.num_train_steps):
       state, metrics = step(state, train.to_global(next(it), mesh),
                             jax.random.key(0))

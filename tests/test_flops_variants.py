@@ -95,7 +95,7 @@ def test_step_flops_are_the_matmuls_of_the_train_step(name):
   # Traced on the abstract state: nothing is initialised or compiled.
   state, shardings = state_lib.state_shardings(model, tx, c, mesh)
   step = train.make_train_step(model, objectives.get_objective(c), tx, shardings, mesh)
-  with mesh:
+  with sharding.use_mesh(mesh):
     batch = train.to_global(_pair_batch(c.batch_size, c.seq_len, c.vocab_size), mesh)
     closed = jax.make_jaxpr(step)(state, batch, jax.random.key(0))
   live, _ = pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars))

@@ -295,7 +295,7 @@ def test_train_steps_sum_each_corpus_apart(mixed):
     state, shardings = state_lib.create_train_state(model, tx, config, mesh)
     step = train.make_train_step(model, objective, tx, shardings, mesh,
                                  microbatches=micro)
-    with mesh:
+    with sharding.use_mesh(mesh):
       _, sums = step(state, train.to_global(batch, mesh), jax.random.key(0))
     figures.append(metrics_lib.reduce(corpus_metrics.expand(sums, labels)))
   for got in figures:

@@ -184,7 +184,7 @@ def test_nan_loss_skip_mode_leaves_state_unchanged(demo_config, demo_data):
   batch = next(pipeline.make_train_iterator(config, demo_data.source("train"),
                                             local_batch_size=config.batch_size))
   before = jax.device_get(state)
-  with mesh:
+  with sharding.use_mesh(mesh):
     after, m = poisoned(state, train.to_global(batch, mesh), jax.random.key(0))
   assert float(m["skipped"][0]) == 1.0
   assert int(after.step) == 1

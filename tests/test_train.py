@@ -50,7 +50,7 @@ def test_train_step_traces_once_and_loss_falls(demo_config, demo_data):
                                     local_batch_size=config.batch_size)
   losses = []
   rng = jax.random.key(config.seed)
-  with mesh:
+  with sharding.use_mesh(mesh):
     for _ in range(40):
       state, m = step_fn(state, train.to_global(next(it), mesh), rng)
       losses.append(float(m["mlm_loss"][0] / m["mlm_loss"][1]))
@@ -74,7 +74,7 @@ def test_same_losses_on_one_device_and_on_eight(demo_config, demo_data):
                                ("fsdp", jax.devices(), "2,4,1")):
     mesh, state, step_fn = variant_steps.setup(config, shape, devices)
     losses = []
-    with mesh:
+    with sharding.use_mesh(mesh):
       for b in batches:
         state, m = step_fn(state, train.to_global(b, mesh), jax.random.key(0))
         losses.append(float(m["loss"][0] / m["loss"][1]))

@@ -318,7 +318,7 @@ def test_same_losses_on_one_device_and_on_a_2x2x2_mesh(small, demo_data):
                                ("mesh", jax.devices(), "2,2,2")):
     mesh, state, step_fn = variant_steps.setup(small, shape, devices)
     rows = []
-    with mesh:
+    with sharding.use_mesh(mesh):
       for b in batches:
         state, m = step_fn(state, train.to_global(b, mesh), jax.random.key(0))
         rows.append([float(m[k][0] / m[k][1]) for k in names])

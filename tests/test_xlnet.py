@@ -11,6 +11,7 @@ from flax import traverse_util
 from bertjax import config_files
 from bertjax import flops
 from bertjax import models
+from bertjax import sharding
 from bertjax import objectives
 from bertjax import train
 from bertjax.data import pipeline
@@ -247,7 +248,7 @@ def test_same_losses_on_one_device_and_on_a_2x2x2_mesh(small, demo_data):
                                ("mesh", jax.devices(), "2,2,2")):
     mesh, state, step_fn = variant_steps.setup(c, shape, devices)
     rows = []
-    with mesh:
+    with sharding.use_mesh(mesh):
       for b in batches:
         state, m = step_fn(state, train.to_global(b, mesh), jax.random.key(0))
         rows.append([float(m[k][0] / m[k][1]) for k in ("loss", "mlm_loss")]

@@ -105,7 +105,7 @@ def test_memory_carries_over_and_receives_no_gradient(mem, demo_data):
   p0 = jax.device_get(state.params)  # the state is donated to the step
   empty = jax.device_get(state.carry)
   assert not empty["memory_mask"].any()
-  with mesh:
+  with sharding.use_mesh(mesh):
     # The useful-FLOP count with memory (bertjax/flops.py) against XLA's
     # count of the compiled step: a little higher, never lower.
     cost = step_fn.lower(state, train.to_global(b0, mesh),
@@ -184,7 +184,7 @@ def _run(config, batches, mesh_shape, devices, microbatches):
   step_fn = train.make_train_step(model, objectives.get_objective(config), tx,
                                   shardings, mesh, microbatches=microbatches)
   losses = []
-  with mesh:
+  with sharding.use_mesh(mesh):
     for b in batches:
       state, m = step_fn(state, train.to_global(b, mesh), jax.random.key(0))
       losses.append(float(m["loss"][0] / m["loss"][1]))

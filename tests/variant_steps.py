@@ -53,7 +53,7 @@ def one_train_step(config, source):
   mesh, state, step = setup(config, "1,1,1", jax.devices()[:1])
   it = pipeline.make_train_iterator(config, source,
                                     local_batch_size=config.batch_size)
-  with mesh:
+  with sharding.use_mesh(mesh):
     return step(state, train.to_global(next(it), mesh), jax.random.key(0))
 
 

@@ -216,7 +216,7 @@ def predict(step, params, feats, kind: str, batch_size: int, mesh) -> np.ndarray
   ``step`` (``predict_step``) a batch at a time."""
   n = len(feats["tokens"])
   outs = []
-  with mesh:
+  with sharding.use_mesh(mesh):
     for lo in range(0, n, batch_size):
       rows = np.arange(lo, lo + batch_size)
       valid = rows < n
@@ -384,7 +384,7 @@ def _run_held(cfg, task, fields, loaded, tokenizer, train_feats, eval_feats, to_
   preemption = guards.PreemptionWatcher()
   preemption.catch_interrupt()  # Ctrl-C too: a checkpoint of the step, then stop
   try:
-    with mesh:
+    with sharding.use_mesh(mesh):
       if _epoch_end_unevaluated(cfg, step, workdir_path):  # stopped there before
         record = evaluate(cfg, task, predict_fn, state.params, eval_feats, mesh, step,
                           workdir_path, writer)
@@ -466,7 +466,7 @@ def _initial_state(model, tx, cfg, shardings, loaded, mesh):
                                     state_lib.dummy_inputs(cfg))["params"])
 
   rng = jax.random.fold_in(jax.random.key(cfg.seed), 0x1417)
-  with mesh:
+  with sharding.use_mesh(mesh):
     params = jax.jit(init, out_shardings=shardings.params)(rng)
     if not cfg.random_init:
       want = jax.tree.map(lambda a: a.shape, params["encoder"])

@@ -44,6 +44,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bertjax import sharding
+
 Dtype = Any
 
 IMPLS = ("auto", "xla", "dot_product", "splash")
@@ -93,14 +95,22 @@ def check_config(config: Any) -> None:
 
 
 def _context_mesh() -> jax.sharding.Mesh | None:
-  """The mesh the step is traced under (``with mesh:``), or None."""
+  """The mesh the step is traced on: bertjax's (``sharding.use_mesh``), else
+  one the caller bound with ``jax.set_mesh`` or jax's older ``with mesh:``,
+  else None."""
+  mesh = sharding.context_mesh()
+  if mesh is not None:
+    return mesh
   abstract = jax.sharding.get_abstract_mesh()
   if not abstract.empty:
     return abstract
-  with warnings.catch_warnings():
-    warnings.simplefilter("ignore", DeprecationWarning)
-    from jax.interpreters import pxla
-    mesh = pxla.thread_resources.env.physical_mesh
+  try:  # a caller's ``with mesh:`` (deprecated by jax; read while it exists)
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore", DeprecationWarning)
+      from jax.interpreters import pxla
+      mesh = pxla.thread_resources.env.physical_mesh
+  except (ImportError, AttributeError):
+    return None
   return None if mesh.empty else mesh
 
 
