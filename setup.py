@@ -2,16 +2,23 @@
 
 import setuptools
 
+# The floors of jax, flax, optax, orbax-checkpoint and grain are the oldest
+# versions the code was run with (2026-11-28: the README's demo and five test
+# files, tests/test_{optim,attention_impl,resume_faults,masking,pipeline}.py,
+# with exactly these versions); CI runs the newest. Older optax and grain
+# lack APIs the code calls (optax.init_empty_state before 0.2.6,
+# grain.experimental.MapWithIndexTransform before 0.2.16); older jax, flax
+# and orbax-checkpoint were not tried.
 CORE = [
-    "jax>=0.4.35",
-    "flax>=0.10.0",
-    "optax>=0.2.4",
-    "orbax-checkpoint>=0.11.0",
+    "jax>=0.8.0",
+    "flax>=0.12.0",
+    "optax>=0.2.6",
+    "orbax-checkpoint>=0.12.0",
     "tensorflow-datasets>=4.9.7",
     "sentencepiece>=0.2.0",
     "ml-collections>=1.0.0",
     "absl-py>=2.1.0",
-    "grain>=0.2.10",
+    "grain>=0.2.16",
     "array-record>=0.6.0",
     "numpy>=1.26",
     # epath-gcs: gcsfs (and google-cloud-storage) for gs:// workdirs and data_dirs.
