@@ -110,6 +110,11 @@ def use_mesh(mesh: Mesh | None):
   constraints in parameter unboxing (wrong for DenseGeneral's flattened
   kernels); every array here carries an explicit ``NamedSharding``, so the
   traced code only needs to know the mesh.
+
+  Like ``with_rules``' mesh, it is read when a function is traced and is not
+  part of jax's trace cache key (``with mesh:`` was): a function traced
+  outside is not traced again inside. The binaries build their steps afresh
+  for each run; code of your own should jit a new function per mesh too.
   """
   previous = getattr(_RUNS_ON, "mesh", None)
   _RUNS_ON.mesh = mesh

@@ -115,6 +115,35 @@ def test_fused_output_equals_reference(impl, dtype):
                              atol=_TOL[dtype], rtol=_TOL[dtype])
 
 
+def test_use_mesh_runs_splash_per_device_in_shard_map():
+  # The kernel learns the mesh from sharding.use_mesh (jax's deprecated
+  # ``with mesh:`` is refused in the tests): inside, splash runs in shard_map
+  # with the two heads split over `tensor`, and gives the reference's values;
+  # outside, one call over the whole batch.
+  if _ON_GPU:
+    pytest.skip("splash is a TPU kernel")
+  q, k, v = _qkv(jnp.float32, seed=2)
+  doc_ids = _doc_ids()
+  mesh = sharding.make_mesh("1,1,2", jax.devices()[:2])
+
+  # A new function for each context: use_mesh is read when a function is
+  # traced and is not part of jax's cache key (as with_rules' mesh).
+  def splash():
+    return lambda q, k, v: _attend("splash", q, k, v, doc_ids, jnp.float32)
+
+  outside = str(jax.make_jaxpr(splash())(q, k, v))
+  with sharding.use_mesh(mesh):
+    assert sharding.context_mesh() is mesh
+    fn = splash()
+    inside = str(jax.make_jaxpr(fn)(q, k, v))
+    got = jax.jit(fn)(q, k, v)
+  assert sharding.context_mesh() is None
+  assert "shard_map" in inside and "shard_map" not in outside
+  want = _attend("xla", q, k, v, doc_ids, jnp.float32)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want),
+                             atol=_TOL[jnp.float32], rtol=_TOL[jnp.float32])
+
+
 @pytest.mark.parametrize("impl", ["dot_product", "splash"])
 def test_fused_gradients_equal_reference(impl):
   q, k, v = _qkv(jnp.float32, seed=1)
