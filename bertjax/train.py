@@ -441,10 +441,9 @@ def _train_and_evaluate(config, workdir, stop_at_step, preemption):
   if periodic[0] == step:  # the last step's periodic evaluation is the final one
     record = {"step": step, **periodic[1]}
   else:
-    with sharding.use_mesh(mesh):  # the periodic evaluations' context
-      record = evaluation.evaluate_params(config, state.params, prepared, mesh, model,
-                                          objective, should_stop=eval_stop,
-                                          step_fn=eval_fn)
+    record = evaluation.evaluate_params(config, state.params, prepared, mesh, model,
+                                        objective, should_stop=eval_stop,
+                                        step_fn=eval_fn)
     if record is None:
       raise guards.Preempted.during_final_evaluation(step)
     record = {"step": step, **record}
