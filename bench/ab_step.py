@@ -62,6 +62,7 @@ from bertjax import state as state_lib  # noqa: E402
 from bertjax import train  # noqa: E402
 from bertjax.models import attention as attention_lib  # noqa: E402
 from bertjax.models import bert as bert_model  # noqa: E402
+from bertjax.models import encoder as encoder_lib  # noqa: E402
 from bertjax.models import layers  # noqa: E402
 from bertjax.models import projection  # noqa: E402
 
@@ -288,7 +289,7 @@ def _patched(variant: str):
   if unknown:
     raise ValueError(f"Unknown variant feature(s) {sorted(unknown)}; pick from "
                      f"{', '.join(_FEATURES)}.")
-  saved = (guards.update_if_finite, layers.Encoder, layers.combine_masks)
+  saved = (guards.update_if_finite, encoder_lib.Encoder, layers.combine_masks)
   saved_lookup = bert_model._one_hot_lookup
   saved_rows = layers.embed_rows
   saved_activation = layers.remat_activation
@@ -347,7 +348,7 @@ def _patched(variant: str):
     if attention:
       cls = type("Attention_" + "_".join(sorted(attention)),
                  (_VariantAttention,), {"features": frozenset(attention)})
-      layers.Encoder = type("Encoder", (saved[1],), {
+      encoder_lib.Encoder = type("Encoder", (saved[1],), {
           "__annotations__": {"attention_cls": Any}, "attention_cls": cls})
     if "mask_bias" in features:
       layers.combine_masks = _bias_masks
@@ -357,7 +358,7 @@ def _patched(variant: str):
       layers.embed_rows = lambda table, ids, dtype: table(ids)
     yield
   finally:
-    guards.update_if_finite, layers.Encoder, layers.combine_masks = saved
+    guards.update_if_finite, encoder_lib.Encoder, layers.combine_masks = saved
     bert_model._one_hot_lookup = saved_lookup
     layers.embed_rows = saved_rows
     layers.remat_activation = saved_activation

@@ -20,6 +20,7 @@ from bertjax import train
 from bertjax.data import pipeline
 from bertjax.models import deberta
 from bertjax.models import disentangled
+from bertjax.models import encoder as encoder_lib
 from bertjax.models import layers
 import variant_steps
 
@@ -244,7 +245,7 @@ def test_scanned_and_rematerialised_stack_computes_the_same():
   model = small_model(num_layers=3)
   params = nn.meta.unbox(jax.jit(model.init)(jax.random.key(0), x)["params"])
   scanned = small_model(num_layers=3, scan_layers=True, remat="full")
-  stacked = dict(params, encoder=layers.stack_layers(params["encoder"], 2))
+  stacked = dict(params, encoder=encoder_lib.stack_layers(params["encoder"], 2))
   a = jax.jit(model.apply)({"params": params}, x)
   b = jax.jit(scanned.apply)({"params": stacked}, x)
   for key in ("hidden", "mlm_logits"):

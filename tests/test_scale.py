@@ -16,6 +16,7 @@ from bertjax import objectives
 from bertjax import sharding
 from bertjax import state as state_lib
 from bertjax import train
+from bertjax.models import encoder as encoder_lib
 from bertjax.models import layers
 
 
@@ -113,7 +114,7 @@ def encoder_setup():
   x = jax.random.normal(jax.random.key(1), (2, 8, 32))
   doc_ids = jnp.array([[1] * 6 + [0] * 2, [1] * 4 + [2] * 4], jnp.int32)
   mask = layers.doc_attention_mask(doc_ids)
-  params = layers.Encoder(**kw).init(jax.random.key(0), x, mask, True)["params"]
+  params = encoder_lib.Encoder(**kw).init(jax.random.key(0), x, mask, True)["params"]
   return kw, x, mask, params
 
 
@@ -124,7 +125,7 @@ def _loss_and_grads(module, params, x, mask):
 
 def test_scanned_encoder_matches_unscanned_with_stacked_params(encoder_setup):
   kw, x, mask, boxed = encoder_setup
-  scanned = layers.Encoder(**kw, scan_layers=True)
+  scanned = encoder_lib.Encoder(**kw, scan_layers=True)
   scanned_boxed = scanned.init(jax.random.key(0), x, mask, True)["params"]
   # The stacked axis is logical 'layers', in front of the block's own names.
   specs = nn.get_partition_spec(scanned_boxed)
@@ -132,13 +133,13 @@ def test_scanned_encoder_matches_unscanned_with_stacked_params(encoder_setup):
       "layers", "embed", "mlp")
   assert jax.tree.leaves(nn.meta.unbox(scanned_boxed))[0].shape[0] == 3
   params = nn.meta.unbox(boxed)
-  stacked = layers.stack_layers(params, 3)
+  stacked = encoder_lib.stack_layers(params, 3)
   assert jax.tree.structure(stacked) == jax.tree.structure(
       nn.meta.unbox(scanned_boxed))
-  loss_u, grads_u = _loss_and_grads(layers.Encoder(**kw), params, x, mask)
+  loss_u, grads_u = _loss_and_grads(encoder_lib.Encoder(**kw), params, x, mask)
   loss_s, grads_s = _loss_and_grads(scanned, stacked, x, mask)
   np.testing.assert_allclose(loss_s, loss_u, rtol=1e-5)
-  for a, b in zip(jax.tree.leaves(layers.unstack_layers(grads_s)),
+  for a, b in zip(jax.tree.leaves(encoder_lib.unstack_layers(grads_s)),
                   jax.tree.leaves(grads_u)):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)  # float32 rounding
 
@@ -148,9 +149,9 @@ def test_remat_does_not_change_gradients(encoder_setup, scan, policy):
   kw, x, mask, boxed = encoder_setup
   params = nn.meta.unbox(boxed)
   if scan:
-    params = layers.stack_layers(params, 3)
-  plain = layers.Encoder(**kw, scan_layers=scan)
-  remat = layers.Encoder(**kw, scan_layers=scan, remat=policy)
+    params = encoder_lib.stack_layers(params, 3)
+  plain = encoder_lib.Encoder(**kw, scan_layers=scan)
+  remat = encoder_lib.Encoder(**kw, scan_layers=scan, remat=policy)
   loss_p, grads_p = _loss_and_grads(plain, params, x, mask)
   loss_r, grads_r = _loss_and_grads(remat, params, x, mask)
   np.testing.assert_allclose(loss_r, loss_p, rtol=1e-6)

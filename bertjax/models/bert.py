@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from bertjax.models import encoder as encoder_lib
 from bertjax.models import layers
 from bertjax.models import sizes
 
@@ -169,7 +170,7 @@ class BertForPretraining(nn.Module):
     attention_dropout_rate: dropout on attention probabilities.
     dtype: compute dtype (parameters are always float32).
     sentence_head: build the pooler and the two-way sentence (NSP) head.
-    scan_layers, remat: see ``layers.Encoder``.
+    scan_layers, remat: see ``encoder.Encoder``.
     layer_norm_eps: epsilon of every LayerNorm (BERT 1e-12, RoBERTa 1e-5).
     activation: feed-forward and MLM-head activation, a key of
       ``layers.ACTIVATIONS`` (``config.hidden_act``; BERT: exact 'gelu').
@@ -202,7 +203,7 @@ class BertForPretraining(nn.Module):
         max_position_embeddings=self.max_position_embeddings,
         type_vocab_size=self.type_vocab_size, dropout_rate=self.dropout_rate,
         dtype=self.dtype, layer_norm_eps=self.layer_norm_eps)
-    self.encoder = layers.Encoder(
+    self.encoder = encoder_lib.Encoder(
         num_layers=self.num_layers, num_heads=self.num_heads,
         mlp_dim=self.mlp_dim, dropout_rate=self.dropout_rate,
         attention_dropout_rate=self.attention_dropout_rate, dtype=self.dtype,

@@ -21,7 +21,7 @@ What differs from BERT (everything else is BERT's pieces: ``bert.BertEmbeddings`
 * Embeddings are multiplied by the padding mask after their LayerNorm, as
   transformers does, so padding rows are zeros.
 
-The stack is ``encoder`` (``layers.Encoder`` of the first L-1 blocks, scanned
+The stack is ``encoder`` (``encoder.Encoder`` of the first L-1 blocks, scanned
 with ``scan_layers``) then ``last_layer`` (a block outside it), so that EMD can
 run the last block again on other inputs in any layout.
 
@@ -55,6 +55,7 @@ import ml_collections
 from bertjax import sharding
 from bertjax.models import bert
 from bertjax.models import disentangled
+from bertjax.models import encoder as encoder_lib
 from bertjax.models import layers
 from bertjax.models import sizes
 
@@ -206,8 +207,9 @@ def _stack_modules(module, hidden_size: int, num_heads: int, mlp_dim: int,
                attention_dropout_rate=module.attention_dropout_rate,
                dtype=module.dtype, attention_cls=attention,
                layer_norm_eps=module.layer_norm_eps, activation=module.activation)
-  encoder = (layers.Encoder(num_layers=num_layers - 1, scan_layers=module.scan_layers,
-                            remat=module.remat, **block) if num_layers > 1 else None)
+  encoder = (encoder_lib.Encoder(num_layers=num_layers - 1, scan_layers=module.scan_layers,
+                                 remat=module.remat, **block)
+             if num_layers > 1 else None)
   return relative, encoder, layers.EncoderBlock(**block)
 
 

@@ -1,6 +1,6 @@
 """ELECTRA: a small generator and a discriminator sharing their embeddings.
 
-Clark et al. (2020). Two BERT encoders (``layers.Encoder``, post-LayerNorm)
+Clark et al. (2020). Two BERT encoders (``encoder.Encoder``, post-LayerNorm)
 composed in one module, so that one params tree, one optimizer state and one
 checkpoint hold both:
 
@@ -45,6 +45,7 @@ import ml_collections
 from bertjax.models import albert
 from bertjax.models import bert
 from bertjax.models import deberta
+from bertjax.models import encoder as encoder_lib
 from bertjax.models import layers
 from bertjax.models import sizes
 
@@ -108,8 +109,8 @@ class Tower(nn.Module):
     embedding_size: E, the width of the shared embeddings.
     size: the encoder's sizes.Size.
     dropout_rate, attention_dropout_rate, dtype, layer_norm_eps, activation,
-    scan_layers, remat: as in ``layers.Encoder``.
-    encoder_kind: one of ``ENCODERS``: BERT blocks (``layers.Encoder``) or
+    scan_layers, remat: as in ``encoder.Encoder``.
+    encoder_kind: one of ``ENCODERS``: BERT blocks (``encoder.Encoder``) or
       DeBERTa's (``deberta.DisentangledStack``).
     attention_impl: the BERT blocks' attention kernel (``config.attention_impl``;
       DeBERTa's disentangled attention is always XLA's).
@@ -149,11 +150,11 @@ class Tower(nn.Module):
     if self.encoder_kind == "deberta":
       return deberta.DisentangledStack(size=self.size, **dict(self.stack_options),
                                        **common)
-    return layers.Encoder(num_layers=self.size.num_layers,
-                          num_heads=self.size.num_heads,
-                          mlp_dim=self.size.mlp_dim, **common,
-                          attention_cls=functools.partial(
-                              layers.MultiHeadAttention, impl=self.attention_impl))
+    return encoder_lib.Encoder(num_layers=self.size.num_layers,
+                               num_heads=self.size.num_heads,
+                               mlp_dim=self.size.mlp_dim, **common,
+                               attention_cls=functools.partial(
+                                   layers.MultiHeadAttention, impl=self.attention_impl))
 
   def __call__(self, embedded: jax.Array, mask: jax.Array,
                deterministic: bool, doc_ids: jax.Array | None = None) -> jax.Array:

@@ -76,6 +76,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from bertjax import sharding
+from bertjax.models import encoder as encoder_lib
 from bertjax.models import layers
 from bertjax.models import sizes
 
@@ -303,7 +304,7 @@ class XLNetForPretraining(nn.Module):
       and the final hidden states.
     attention_dropout_rate: dropout on attention probabilities.
     dtype: compute dtype (parameters are float32).
-    remat: 'none' | 'full' | 'dots' (``layers.REMAT_POLICIES``).
+    remat: 'none' | 'full' | 'dots' (``encoder.REMAT_POLICIES``).
     layer_norm_eps, activation: as ``bert.BertForPretraining``.
   """
   vocab_size: int
@@ -332,13 +333,13 @@ class XLNetForPretraining(nn.Module):
                               (self.vocab_size,), jnp.float32)
     block_cls = TwoStreamBlock
     if self.remat != "none":
-      if self.remat not in layers.REMAT_POLICIES:
+      if self.remat not in encoder_lib.REMAT_POLICIES:
         raise ValueError(
             f"Unknown remat policy {self.remat!r}; set --config.remat to one "
-            f"of none, {', '.join(layers.REMAT_POLICIES)}.")
+            f"of none, {', '.join(encoder_lib.REMAT_POLICIES)}.")
       # deterministic (argument 4, counting self) picks dropout on or off.
       block_cls = nn.remat(TwoStreamBlock,
-                           policy=layers.REMAT_POLICIES[self.remat],
+                           policy=encoder_lib.REMAT_POLICIES[self.remat],
                            static_argnums=(4,))
     self.blocks = [
         block_cls(num_heads=self.num_heads, mlp_dim=self.mlp_dim,
