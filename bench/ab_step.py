@@ -10,9 +10,15 @@ while its step is traced), then the steps run interleaved, A, B, A, B, ...,
 so that load from other processes hits all variants alike. Prints one JSON
 line: per variant the median step seconds, and against the first variant
 the ratio of medians and the median of the per-round ratios (a ratio < 1 is
-faster). Before timing, the first step's loss and updated parameters of each
-variant are compared with the first variant's (same init, same batch), so a
-faster variant that computes something else is caught.
+faster). Before timing, the first step's loss, parameters and optimizer
+moments of each variant are compared with the first variant's (same init,
+same batch; ``loss_rel_diff``, ``params_max_rel_diff``,
+``moments_max_rel_diff``, and ``first_step_identical`` when all three are
+bit-identical), so a faster variant that computes something else is caught.
+The moments are what carries the gradient: under the configs' linear warmup
+the first step's learning rate is 0, so its parameters equal the initial
+ones in every variant (before 2026-11-28 only the loss and the parameters
+were compared, which caught forward differences but no gradient's).
 
 A variant is a ``+``-joined set of features (``qkv_fused+heads_major``); the
 features, and what each one changes, are listed in bench/README.md.
@@ -33,6 +39,7 @@ if __name__ == "__main__":
   host_memory.reexec_with_malloc_tunables()
 
 import contextlib
+import hashlib
 import json
 import os
 import statistics
@@ -51,6 +58,7 @@ from absl import flags
 
 sys.path.insert(0, os.path.dirname(__file__))
 # The benchmark's batch; importing it also defines the --config flag.
+import attention_variants  # noqa: E402
 import pointwise_vjp  # noqa: E402
 import step_bench  # noqa: E402
 from bertjax import guards  # noqa: E402
@@ -62,20 +70,18 @@ from bertjax import state as state_lib  # noqa: E402
 from bertjax import train  # noqa: E402
 from bertjax.models import attention as attention_lib  # noqa: E402
 from bertjax.models import bert as bert_model  # noqa: E402
-from bertjax.models import encoder as encoder_lib  # noqa: E402
 from bertjax.models import layers  # noqa: E402
 from bertjax.models import projection  # noqa: E402
 
 _VARIANTS = flags.DEFINE_list("variants", ["baseline", "guard_where"],
                               "Variants to compare; the first is the reference.")
-_ROUNDS = flags.DEFINE_integer("rounds", 9, "Interleaved timed rounds.")
+_ROUNDS = flags.DEFINE_integer(
+    "rounds", 9, "Interleaved timed rounds (0: only the first-step check).")
 _COMPILE_BUDGET = flags.DEFINE_float(
     "compile_budget_s", 0.0,
     "Seconds after which no further variant is compiled (0: no limit).")
 _WARMUP = flags.DEFINE_integer("ab_warmup", 2, "Untimed steps per variant.")
 
-_ATTENTION_FEATURES = ("flat2d", "qkv_fused", "heads_major", "mask_bias", "dpa",
-                       "dpa_lengths", "batch_split")
 # XLA:CPU compile options for the step alone (the same program, compiled
 # otherwise): YNNPACK's library dot fusions off (Eigen runs every dot), and
 # fast math with NaN, Inf and division semantics kept (the non-finite guard
@@ -101,7 +107,7 @@ _COMPILER_OPTIONS = {
     "cudnn_layer_norm": {"xla_gpu_enable_cudnn_layer_norm": True},
     "block_level": {"xla_gpu_experimental_enable_fusion_block_level_rewriter": True},
 }
-_FEATURES = (("baseline", "guard_cond", "guard_where", "optax_clip", "scale_queries",
+_FEATURES = (("baseline", "guard_cond", "guard_where", "optax_clip", "scale_queries", "bias_core",
               "wgrad_autodiff", "wgrad_heads_autodiff", "wgrad_all_transposed", "wgrad_split",
               "wide_transposed",
               "heads_flat", "heads_transposed",
@@ -109,7 +115,7 @@ _FEATURES = (("baseline", "guard_cond", "guard_where", "optax_clip", "scale_quer
                "embed_gather", "word_bf16",
               "full_last_layer", "gelu_saved", "gelu_erfc", "ln_saved",
               "pointwise_remat", "gelu_vjp", "ln_vjp")
-             + _ATTENTION_FEATURES + tuple(_COMPILER_OPTIONS))
+             + attention_variants.ATTENTION_FEATURES + tuple(_COMPILER_OPTIONS))
 
 
 def _input_gradient_3d(g, kernel, count, precision=None):
@@ -132,126 +138,6 @@ def _vjp_layer_norm(dtype, name, eps=layers.LAYER_NORM_EPS):
       bias_init=layers.zeros_init("embed"), name=name)
 
 
-class _Weights(nn.Module):
-  """Declares a projection's kernel and bias under the usual names."""
-  kernel_shape: tuple[int, ...]
-  kernel_axes: tuple[str, ...]
-  bias_shape: tuple[int, ...]
-  bias_axes: tuple[str, ...]
-
-  @nn.compact
-  def __call__(self):
-    kernel = self.param("kernel", layers.kernel_init(*self.kernel_axes),
-                        self.kernel_shape, jnp.float32)
-    bias = self.param("bias", layers.zeros_init(*self.bias_axes),
-                      self.bias_shape, jnp.float32)
-    return kernel, bias
-
-
-class _VariantAttention(layers.MultiHeadAttention):
-  """MultiHeadAttention with the class-level features switched on; same
-  parameter tree (query/key/value/out kernels and biases)."""
-  features = frozenset()
-
-  @nn.compact
-  def __call__(self, x, mask, deterministic, doc_ids=None, query=None):
-    f, dt = self.features, self.dtype
-    e = x.shape[-1]
-    h = self.num_heads
-    d = e // h
-    if query is not None and "qkv_fused" in f:
-      raise ValueError("qkv_fused projects one set of rows; time it with "
-                       "--config.sparse_last_layer=False.")
-    # Queries from the sparse last layer's rows, keys and values from all.
-    sources = (x.astype(dt) if query is None else query.astype(dt),
-               x.astype(dt), x.astype(dt))
-    qkv = [_Weights((e, h, d), ("embed", "heads", "kv"), (h, d),
-                    ("heads", "kv"), name=n)() for n in ("query", "key", "value")]
-    wo, bo = _Weights((h, d, e), ("heads", "kv", "embed"), (e,), ("embed",),
-                      name="out")()
-    x = x.astype(dt)
-    heads_major = "heads_major" in f
-    if "flat2d" in f:
-      # 2-D kernels are bitcasts of the stored [e, h, d] / [h, d, e] ones.
-      w2 = [w.reshape(e, h * d).astype(dt) for w, _ in qkv]
-      b2 = [b.reshape(h * d).astype(dt) for _, b in qkv]
-      if "qkv_fused" in f:
-        y = x @ jnp.concatenate(w2, axis=1) + jnp.concatenate(b2)
-        q, k, v = (t.reshape(x.shape[:2] + (h, d))
-                   for t in jnp.split(y, 3, axis=-1))
-      else:
-        q, k, v = ((src @ w + b).reshape(src.shape[:2] + (h, d))
-                   for src, w, b in zip(sources, w2, b2))
-    elif "qkv_fused" in f:
-      w = jnp.stack([k for k, _ in qkv]).astype(dt)  # [3, e, h, d]
-      b = jnp.stack([b for _, b in qkv]).astype(dt)  # [3, h, d]
-      if heads_major:
-        y = jnp.einsum("ble,tehd->tbhld", x, w) + b[:, None, :, None, :]
-      else:
-        y = jnp.einsum("ble,tehd->tblhd", x, w) + b[:, None, None]
-      q, k, v = y[0], y[1], y[2]
-    elif heads_major:
-      q, k, v = (jnp.einsum("ble,ehd->bhld", src, w.astype(dt))
-                 + b.astype(dt)[:, None, :] for src, (w, b) in zip(sources, qkv))
-    else:
-      q, k, v = (jnp.einsum("ble,ehd->blhd", src, w.astype(dt)) + b.astype(dt)
-                 for src, (w, b) in zip(sources, qkv))
-    if "dpa_lengths" in f:
-      out = _attend_by_lengths(q, k, v, mask, doc_ids, dt)
-      return jnp.einsum("blhd,hde->ble", out, wo.astype(dt)) + bo.astype(dt)
-    if "dpa" in f:
-      if "mask_bias" in f:
-        out = jax.nn.dot_product_attention(q, k, v, bias=mask,
-                                           implementation="xla")
-      else:
-        out = jax.nn.dot_product_attention(q, k, v, mask=mask,
-                                           implementation="xla")
-      return jnp.einsum("blhd,hde->ble", out, wo.astype(dt)) + bo.astype(dt)
-    if "batch_split" in f:
-      # Two independent halves of the batch: chains the runtime can run
-      # side by side, each batched product on its own core.
-      half = q.shape[0] // 2
-      outs = [attention_lib.attend(q[s], k[s], v[s], mask[s] if mask.shape[0] > 1 else mask,
-                                   dtype=dt)
-              for s in (slice(0, half), slice(half, None))]
-      out = jnp.concatenate(outs, axis=0)
-      return jnp.einsum("bqhd,hde->bqe", out, wo.astype(dt)) + bo.astype(dt)
-    spec = "bhqd,bhkd->bhqk" if heads_major else "bqhd,bkhd->bhqk"
-    logits = jnp.einsum(spec, q, k, preferred_element_type=jnp.float32)
-    logits = logits * (1.0 / float(d) ** 0.5)
-    if "mask_bias" in f:
-      logits = logits + mask
-    else:
-      logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(logits, axis=-1).astype(dt)
-    if heads_major:
-      out = jnp.einsum("bhqk,bhkd->bhqd", probs, v)
-      return jnp.einsum("bhqd,hde->bqe", out, wo.astype(dt)) + bo.astype(dt)
-    out = jnp.einsum("bhqk,bkhd->bqhd", probs, v)
-    if "flat2d" in f:
-      return (out.reshape(out.shape[:2] + (h * d,)) @ wo.reshape(h * d, e).astype(dt)
-              + bo.astype(dt))
-    return jnp.einsum("bqhd,hde->bqe", out, wo.astype(dt)) + bo.astype(dt)
-
-
-def _attend_by_lengths(q, k, v, mask, doc_ids, dtype):
-  """``jax.nn.dot_product_attention`` told each row's length instead of given
-  the [length, length] mask, the scale passed to the kernel: cuDNN's padding
-  mask on a GPU in half precision (no bias tensor read per head), XLA
-  elsewhere. Right only for rows of one document followed by padding (the
-  sentence-pair batches of BERT's NSP); ``compare`` checks the first update
-  against the reference. The sparse last layer (no ``doc_ids``) keeps the
-  tree's masked path."""
-  if doc_ids is None:
-    return attention_lib.attend(q, k, v, mask, impl="dot_product", dtype=dtype)
-  kernel = attention_lib.dot_product_kernel(dtype)
-  lengths = jnp.sum(doc_ids != 0, axis=1).astype(jnp.int32)
-  out = jax.nn.dot_product_attention(
-      q, k, v, scale=float(q.shape[-1]) ** -0.5, query_seq_lengths=lengths,
-      key_value_seq_lengths=lengths, implementation=kernel)
-  return out.astype(dtype)
-
-
 def _attend_scaling_queries(q, k, v, mask, **kwargs):
   """``attention.attend`` with its xla path's 1/sqrt(d) on the queries
   before q k^T, as before 2026-11-27, rather than on the float32 scores."""
@@ -272,15 +158,6 @@ def _attend_scaling_queries(q, k, v, mask, **kwargs):
 _ATTEND = attention_lib.attend
 
 
-def _bias_masks(doc_ids, attention_mask=None):
-  """``layers.combine_masks`` as an additive float32 bias (0 or float32 min)."""
-  mask = _COMBINE_MASKS(doc_ids, attention_mask)
-  return jnp.where(mask, 0.0, jnp.finfo(jnp.float32).min).astype(jnp.float32)
-
-
-_COMBINE_MASKS = layers.combine_masks
-
-
 @contextlib.contextmanager
 def _patched(variant: str):
   """Patches in the features of ``variant`` while its step is traced."""
@@ -289,7 +166,7 @@ def _patched(variant: str):
   if unknown:
     raise ValueError(f"Unknown variant feature(s) {sorted(unknown)}; pick from "
                      f"{', '.join(_FEATURES)}.")
-  saved = (guards.update_if_finite, encoder_lib.Encoder, layers.combine_masks)
+  saved = (guards.update_if_finite, layers.MultiHeadAttention, layers.combine_masks)
   saved_lookup = bert_model._one_hot_lookup
   saved_rows = layers.embed_rows
   saved_activation = layers.remat_activation
@@ -300,6 +177,7 @@ def _patched(variant: str):
   saved_plain_activation = layers.activation
   saved_clip = optim.clip_by_global_norm
   saved_attend = attention_lib.attend
+  saved_softmax_values = attention_lib.softmax_values
   saved_projection = projection.enabled
   saved_pays = projection.transpose_pays
   saved_transposed = projection.transposed
@@ -322,6 +200,8 @@ def _patched(variant: str):
     if "wgrad_split" in features:
       projection.transposed = lambda x: lax.optimization_barrier(
           lax.optimization_barrier(x).T)
+    if "bias_core" in features:
+      attention_lib.softmax_values = attention_variants.softmax_values_by_bias
     if "scale_queries" in features:
       attention_lib.attend = _attend_scaling_queries
     if "optax_clip" in features:
@@ -344,21 +224,23 @@ def _patched(variant: str):
       guards.update_if_finite = guards.update_by_select
     if "guard_cond" in features:
       guards.update_if_finite = guards.update_by_cond
-    attention = features & set(_ATTENTION_FEATURES)
+    attention = features & set(attention_variants.ATTENTION_FEATURES)
     if attention:
       cls = type("Attention_" + "_".join(sorted(attention)),
-                 (_VariantAttention,), {"features": frozenset(attention)})
-      encoder_lib.Encoder = type("Encoder", (saved[1],), {
-          "__annotations__": {"attention_cls": Any}, "attention_cls": cls})
+                 (attention_variants.VariantAttention,), {"features": frozenset(attention)})
+      # The models name their attention class when they build it
+      # (``functools.partial(layers.MultiHeadAttention, impl=...)``), so the
+      # class itself is what the variant replaces.
+      layers.MultiHeadAttention = cls
     if "mask_bias" in features:
-      layers.combine_masks = _bias_masks
+      layers.combine_masks = attention_variants.bias_masks
     if "embed_gather" in features:
       bert_model._one_hot_lookup = lambda table, ids, dtype: table(ids)
     if "word_bf16" in features:
       layers.embed_rows = lambda table, ids, dtype: table(ids)
     yield
   finally:
-    guards.update_if_finite, encoder_lib.Encoder, layers.combine_masks = saved
+    guards.update_if_finite, layers.MultiHeadAttention, layers.combine_masks = saved
     bert_model._one_hot_lookup = saved_lookup
     layers.embed_rows = saved_rows
     layers.remat_activation = saved_activation
@@ -369,6 +251,7 @@ def _patched(variant: str):
     layers.activation = saved_plain_activation
     optim.clip_by_global_norm = saved_clip
     attention_lib.attend = saved_attend
+    attention_lib.softmax_values = saved_softmax_values
     projection.enabled = saved_projection
     projection.transpose_pays = saved_pays
     projection.transposed = saved_transposed
@@ -393,11 +276,18 @@ def _build(config, variant: str):
     options = {}
     for feature in variant.split("+"):
       options.update(_COMPILER_OPTIONS.get(feature, {}))
-    compiled = step_fn.lower(state, batch, rng).compile(
-        compiler_options=options or None)
+    lowered = step_fn.lower(state, batch, rng)
+    program = hashlib.sha256(lowered.as_text().encode()).hexdigest()
+    compiled = lowered.compile(compiler_options=options or None)
+    if options:  # the same program, compiled otherwise
+      program += repr(sorted(options.items()))
   state, metrics = compiled(state, batch, rng)
   loss = float(metrics["loss"][0] / metrics["loss"][1])
-  first = (loss, jax.device_get(state.params))
+  # The first step's learning rate is 0 under a linear warmup (every shipped
+  # config has one), so its parameters are the initial ones whatever the
+  # variant computes; the optimizer's moments after it hold the first
+  # gradient (Adam's first moment is (1 - b1) times the clipped gradient).
+  first = (loss, jax.device_get(state.params), jax.device_get(state.opt_state), program)
   box = {"state": state}
 
   def run():
@@ -407,10 +297,33 @@ def _build(config, variant: str):
   return run, first
 
 
+def _abs_diffs(a, b) -> dict[str, float]:
+  """Per float leaf of ``b`` (by path): max |a - b|."""
+  return {jax.tree_util.keystr(path): float(np.max(np.abs(x - y)))
+          for (path, y), x in zip(jax.tree_util.tree_leaves_with_path(b), jax.tree.leaves(a))
+          if np.issubdtype(np.asarray(y).dtype, np.floating) and np.size(y)}
+
+
 def _max_rel_diff(a, b) -> float:
-  diffs = jax.tree.map(
-      lambda x, y: float(np.max(np.abs(x - y)) / (np.max(np.abs(y)) + 1e-30)), a, b)
-  return max(jax.tree.leaves(diffs))
+  """max |a - b| over every float leaf, over max |b| over every float leaf:
+  0.0 when bit-identical. Relative to the whole tree's scale, not each
+  leaf's, because some gradients are zero but for rounding (the attention
+  key's bias: softmax ignores a constant added to a row), and rounding noise
+  against rounding noise says nothing."""
+  scale = max((float(np.max(np.abs(y))) for y in jax.tree.leaves(b)
+               if np.issubdtype(np.asarray(y).dtype, np.floating) and np.size(y)),
+              default=0.0)
+  return max(_abs_diffs(a, b).values(), default=0.0) / (scale + 1e-30)
+
+
+def _worst_leaf(a, b) -> str | None:
+  diffs = _abs_diffs(a, b)
+  worst = max(diffs, key=diffs.get, default=None)
+  return worst if worst is not None and diffs[worst] > 0 else None
+
+
+def _identical(a, b) -> bool:
+  return all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
 def _build_all(config, variants: list[str], budget_s: float):
@@ -436,7 +349,7 @@ def compare(config, variants: list[str], rounds: int, warmup: int,
             budget_s: float = 0.0) -> dict:
   """Runs the A/B; returns the record printed as JSON (module doc)."""
   built, left_out = _build_all(config, variants, budget_s)
-  ref_loss, ref_params = built[variants[0]][1]
+  ref_loss, ref_params, ref_opt, ref_program = built[variants[0]][1]
   record: dict[str, Any] = {
       "model": f"{config.model}-{config.model_size}",
       "batch_size": int(config.batch_size), "seq_len": int(config.seq_len),
@@ -444,12 +357,24 @@ def compare(config, variants: list[str], rounds: int, warmup: int,
   record.update({v: {"left_out": why} for v, why in left_out.items()})
   variants = [v for v in variants if v in built]
   for v in variants:
-    loss, params = built[v][1]
+    loss, params, opt, program = built[v][1]
+    if jax.tree.structure(opt) != jax.tree.structure(ref_opt):
+      raise ValueError(f"Variant {v!r} changes the optimizer state's structure; "
+                       "compare it against a reference with the same optimizer.")
     record[v] = {"first_loss": loss,
                  "loss_rel_diff": abs(loss - ref_loss) / abs(ref_loss),
-                 "params_max_rel_diff": _max_rel_diff(params, ref_params)}
+                 "params_max_rel_diff": _max_rel_diff(params, ref_params),
+                 "moments_max_rel_diff": _max_rel_diff(opt, ref_opt),
+                 "moments_worst_leaf": _worst_leaf(opt, ref_opt),
+                 "first_step_identical": (loss == ref_loss and _identical(params, ref_params)
+                                          and _identical(opt, ref_opt)),
+                 # True for a variant that changed nothing (a patch that no
+                 # longer reaches the step): its timing is the noise floor.
+                 "same_program": program == ref_program}
+  if rounds <= 0:  # the first-step check alone
+    return record
   for v in variants:
-    built[v] = built[v][0]  # drop the copied params
+    built[v] = built[v][0]  # drop the copied state
     for _ in range(warmup):
       built[v]()
   times = {v: [] for v in variants}

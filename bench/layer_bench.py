@@ -34,7 +34,7 @@ from absl import app
 from absl import flags
 
 sys.path.insert(0, os.path.dirname(__file__))
-import ab_step  # noqa: E402  (its attention variants; defines its own flags)
+import attention_variants  # noqa: E402
 from bertjax.models import sizes  # noqa: E402
 from bertjax.models import layers  # noqa: E402
 
@@ -49,11 +49,11 @@ _LAYER_ROUNDS = flags.DEFINE_integer("layer_rounds", 30, "Interleaved rounds.")
 def _block_cls(variant: str | None):
   if not variant:
     return layers.EncoderBlock
-  unknown = set(variant.split("+")) - set(ab_step._ATTENTION_FEATURES)  # pylint: disable=protected-access
+  unknown = set(variant.split("+")) - set(attention_variants.ATTENTION_FEATURES)
   if unknown:
     raise app.UsageError(f"Unknown attention variant(s) {sorted(unknown)}; pick "
-                         f"from {', '.join(ab_step._ATTENTION_FEATURES)}.")  # pylint: disable=protected-access
-  attention = type("Attention", (ab_step._VariantAttention,),  # pylint: disable=protected-access
+                         f"from {', '.join(attention_variants.ATTENTION_FEATURES)}.")
+  attention = type("Attention", (attention_variants.VariantAttention,),
                    {"features": frozenset(variant.split("+"))})
   return type("EncoderBlock", (layers.EncoderBlock,), {
       "__annotations__": {"attention_cls": object}, "attention_cls": attention})
