@@ -297,29 +297,22 @@ def _build(config, variant: str):
   return run, first
 
 
-def _abs_diffs(a, b) -> dict[str, float]:
-  """Per float leaf of ``b`` (by path): max |a - b|."""
-  return {jax.tree_util.keystr(path): float(np.max(np.abs(x - y)))
-          for (path, y), x in zip(jax.tree_util.tree_leaves_with_path(b), jax.tree.leaves(a))
-          if np.issubdtype(np.asarray(y).dtype, np.floating) and np.size(y)}
-
-
-def _max_rel_diff(a, b) -> float:
-  """max |a - b| over every float leaf, over max |b| over every float leaf:
-  0.0 when bit-identical. Relative to the whole tree's scale, not each
-  leaf's, because some gradients are zero but for rounding (the attention
-  key's bias: softmax ignores a constant added to a row), and rounding noise
-  against rounding noise says nothing."""
-  scale = max((float(np.max(np.abs(y))) for y in jax.tree.leaves(b)
-               if np.issubdtype(np.asarray(y).dtype, np.floating) and np.size(y)),
-              default=0.0)
-  return max(_abs_diffs(a, b).values(), default=0.0) / (scale + 1e-30)
-
-
-def _worst_leaf(a, b) -> str | None:
-  diffs = _abs_diffs(a, b)
+def _diff(a, b) -> tuple[float, str | None]:
+  """(max |a - b| over every float leaf over max |b| over every float leaf,
+  the path of the leaf with the largest |a - b|, None when bit-identical).
+  Relative to the whole tree's scale, not each leaf's, because some
+  gradients are zero but for rounding (the attention key's bias: softmax
+  ignores a constant added to a row), and rounding noise against rounding
+  noise says nothing."""
+  diffs, scale = {}, 0.0
+  for (path, y), x in zip(jax.tree_util.tree_leaves_with_path(b), jax.tree.leaves(a)):
+    if np.issubdtype(np.asarray(y).dtype, np.floating) and np.size(y):
+      diffs[jax.tree_util.keystr(path)] = float(np.max(np.abs(x - y)))
+      scale = max(scale, float(np.max(np.abs(y))))
   worst = max(diffs, key=diffs.get, default=None)
-  return worst if worst is not None and diffs[worst] > 0 else None
+  if worst is None or diffs[worst] == 0:
+    return 0.0, None
+  return diffs[worst] / (scale + 1e-30), worst
 
 
 def _identical(a, b) -> bool:
@@ -361,11 +354,12 @@ def compare(config, variants: list[str], rounds: int, warmup: int,
     if jax.tree.structure(opt) != jax.tree.structure(ref_opt):
       raise ValueError(f"Variant {v!r} changes the optimizer state's structure; "
                        "compare it against a reference with the same optimizer.")
+    moments = _diff(opt, ref_opt)
     record[v] = {"first_loss": loss,
                  "loss_rel_diff": abs(loss - ref_loss) / abs(ref_loss),
-                 "params_max_rel_diff": _max_rel_diff(params, ref_params),
-                 "moments_max_rel_diff": _max_rel_diff(opt, ref_opt),
-                 "moments_worst_leaf": _worst_leaf(opt, ref_opt),
+                 "params_max_rel_diff": _diff(params, ref_params)[0],
+                 "moments_max_rel_diff": moments[0],
+                 "moments_worst_leaf": moments[1],
                  "first_step_identical": (loss == ref_loss and _identical(params, ref_params)
                                           and _identical(opt, ref_opt)),
                  # True for a variant that changed nothing (a patch that no

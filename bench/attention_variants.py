@@ -149,13 +149,14 @@ def bias_masks(doc_ids, attention_mask=None):
   return jnp.where(mask, 0.0, jnp.finfo(jnp.float32).min).astype(jnp.float32)
 
 
+_SOFTMAX_VALUES = attention_lib.softmax_values  # before ab_step patches it
+
+
 def softmax_values_by_bias(logits, mask, v, dropout_rate, deterministic, dtype):
   """``attention.softmax_values`` with the mask added to the scores as a
   float32 bias (0 or float32 min) made from the boolean mask in the layer,
   on its [batch, 1, q, k] shape, instead of a select on the [batch, heads,
-  q, k] scores (variant bias_core)."""
+  q, k] scores (variant bias_core); the tree's function does the rest, its
+  select on a constant True folded away by XLA."""
   bias = jnp.where(mask, 0.0, jnp.finfo(jnp.float32).min).astype(jnp.float32)
-  probs = jax.nn.softmax(logits + bias, axis=-1)
-  if dropout_rate > 0 and not deterministic:
-    probs = nn.Dropout(rate=dropout_rate)(probs, deterministic)
-  return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(dtype), v)
+  return _SOFTMAX_VALUES(logits + bias, True, v, dropout_rate, deterministic, dtype)
