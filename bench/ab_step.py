@@ -60,6 +60,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 # The benchmark's batch; importing it also defines the --config flag.
 import attention_variants  # noqa: E402
 import pointwise_vjp  # noqa: E402
+import unordered_grads  # noqa: E402
 import step_bench  # noqa: E402
 from bertjax import guards  # noqa: E402
 from bertjax import models  # noqa: E402
@@ -109,7 +110,7 @@ _COMPILER_OPTIONS = {
 }
 _FEATURES = (("baseline", "guard_cond", "guard_where", "optax_clip", "scale_queries", "bias_core",
               "wgrad_autodiff", "wgrad_heads_autodiff", "wgrad_all_transposed", "wgrad_split",
-              "wide_transposed",
+              "wide_transposed", "unordered_grads",
               "heads_flat", "heads_transposed",
               "dx_3d",
                "embed_gather", "word_bf16",
@@ -183,6 +184,7 @@ def _patched(variant: str):
   saved_transposed = projection.transposed
   saved_input_gradient = projection.input_gradient
   saved_flat_heads = projection.flat_heads
+  saved_unordered = None
   try:
     if "heads_flat" in features:
       projection.flat_heads = lambda: True
@@ -195,6 +197,8 @@ def _patched(variant: str):
           lambda kernel, count: kernel.ndim == 2 and saved_pays(kernel, count))
     if features & {"wgrad_all_transposed", "wide_transposed"}:
       projection.transpose_pays = lambda kernel, count: True
+    if "unordered_grads" in features:
+      saved_unordered = unordered_grads.patch()
     if "dx_3d" in features:
       projection.input_gradient = _input_gradient_3d
     if "wgrad_split" in features:
@@ -257,6 +261,8 @@ def _patched(variant: str):
     projection.transposed = saved_transposed
     projection.input_gradient = saved_input_gradient
     projection.flat_heads = saved_flat_heads
+    if saved_unordered is not None:
+      unordered_grads.restore(saved_unordered)
 
 
 def _build(config, variant: str):

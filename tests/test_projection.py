@@ -63,8 +63,66 @@ def test_is_projection_refuses_other_products():
   assert projection.is_projection(x, kernel, (((2,), (0,)), ((), ()))) == 1
 
 
-def _uses_barrier(fn, *args) -> bool:
-  return "optimization_barrier" in str(jax.make_jaxpr(jax.grad(fn))(*args))
+def _transposes_activations(fn, *args) -> bool:
+  """Whether the gradient of ``fn`` copies the activations transposed
+  (``project``'s kernel gradient) rather than contracting them in place."""
+  jaxpr = jax.make_jaxpr(jax.grad(fn))(*args).jaxpr
+  producer = {out: eqn for eqn in jaxpr.eqns for out in eqn.outvars}
+  return any(eqn.primitive.name == "optimization_barrier"
+             and producer.get(v) is not None
+             and producer[v].primitive.name == "transpose"
+             for eqn in jaxpr.eqns for v in eqn.invars if not hasattr(v, "val"))
+
+
+def _depends(jaxpr, var, on) -> bool:
+  """Whether ``var`` is computed from ``on`` in the flat ``jaxpr``."""
+  producer = {out: eqn for eqn in jaxpr.eqns for out in eqn.outvars}
+  seen, todo = set(), [var]
+  while todo:
+    v = todo.pop()
+    if v is on:
+      return True
+    if id(v) in seen or v not in producer:
+      continue
+    seen.add(id(v))
+    todo.extend(a for a in producer[v].invars if hasattr(a, "aval")
+                and not hasattr(a, "val"))
+  return False
+
+
+@pytest.mark.parametrize("impl", ["project", "flat"])
+@pytest.mark.parametrize("k_shape,count", [((8, 24), 1), ((24, 8), 1), ((2, 4, 8), 2)])
+def test_backward_products_run_one_after_the_other(impl, k_shape, count):
+  """The input and kernel gradients are independent products; both forms
+  tie them (through optimization barriers) so that the kernel gradient is
+  computed from values that wait for the input gradient, and the input
+  gradient handed back waits for the kernel gradient."""
+  x = jnp.ones((2, 6) + k_shape[:count])
+  kernel = jnp.ones(k_shape)
+  g = jnp.ones((2, 6) + k_shape[count:])
+
+  def backward(x, kernel, g):
+    return jax.vjp(lambda x, k: getattr(projection, impl)(x, k, count), x, kernel)[1](g)
+
+  jaxpr = jax.make_jaxpr(backward)(x, kernel, g).jaxpr
+  rows = 12
+  inner = int(np.prod(k_shape[:count]))
+  outer = int(np.prod(k_shape[count:]))
+  dots = [e for e in jaxpr.eqns if e.primitive.name == "dot_general"]
+  input_grad = [e.outvars[0] for e in dots if e.outvars[0].aval.shape == (rows, inner)]
+  kernel_grad = [e.outvars[0] for e in dots if e.outvars[0].aval.shape == (inner, outer)]
+  assert len(input_grad) == 1 and len(kernel_grad) == 1
+  assert _depends(jaxpr, kernel_grad[0], input_grad[0])
+  dx_out, dkernel_out = jaxpr.outvars
+  assert _depends(jaxpr, dx_out, kernel_grad[0])
+  assert _depends(jaxpr, dkernel_out, kernel_grad[0])
+  # Without the barriers neither product would read the other's result.
+  plain = jax.make_jaxpr(lambda x, k, g: jax.vjp(
+      lambda x, k: jax.lax.dot_general(x, k, _numbers(x.ndim, count)), x, k)[1](g))(
+          x, kernel, g).jaxpr
+  plain_dots = [e.outvars[0] for e in plain.eqns if e.primitive.name == "dot_general"]
+  assert not any(_depends(plain, plain.outvars[0], d) for d in plain_dots
+                 if _depends(plain, plain.outvars[1], d))
 
 
 @pytest.mark.parametrize("k_shape,transposed", [((8, 24), True),
@@ -73,7 +131,8 @@ def test_gathered_takes_the_form_on_cpu_when_the_input_is_narrower(
     k_shape, transposed, monkeypatch):
   """Activations no wider than the output are transposed (the feed-forward's
   first kernel, attention kernels); a wider input (the feed-forward's second
-  kernel) keeps autodiff's product; off the CPU, autodiff's everywhere."""
+  kernel) keeps autodiff's form of the product (``flat``); off the CPU,
+  autodiff's everywhere."""
   dot = layers.gathered("embed", "mlp")
   x = jnp.ones((2, 6, k_shape[0]))
 
@@ -81,9 +140,11 @@ def test_gathered_takes_the_form_on_cpu_when_the_input_is_narrower(
     return jnp.sum(dot(x, kernel, (((2,), (0,)), ((), ()))) ** 2)
 
   kernel = jnp.ones(k_shape)
-  assert _uses_barrier(loss, kernel) == transposed
+  assert projection.form(kernel, 1) == ("transposed" if transposed else "flat")
+  assert _transposes_activations(loss, kernel) == transposed
   monkeypatch.setattr(projection, "enabled", lambda: False)
-  assert not _uses_barrier(loss, kernel)
+  assert not _transposes_activations(loss, kernel)
+  assert "optimization_barrier" not in str(jax.make_jaxpr(jax.grad(loss))(kernel))
 
 
 @pytest.mark.parametrize("flat_heads", [True, False])
@@ -103,7 +164,7 @@ def test_attention_kernels_take_the_flat_product_where_the_host_asks(
     return jnp.sum(dot(x, kernel, numbers) ** 2)
 
   assert projection.form(kernel, count) == ("flat" if flat_heads else "transposed")
-  assert _uses_barrier(loss, kernel) == (not flat_heads)
+  assert _transposes_activations(loss, kernel) == (not flat_heads)
   if flat_heads:  # the product the jaxpr holds is 2-D: [rows, inner] x [inner, outer]
     jaxpr = str(jax.make_jaxpr(lambda k: dot(x, k, numbers))(kernel))
     assert "f32[12,8] = dot_general" in jaxpr

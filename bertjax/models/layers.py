@@ -57,9 +57,11 @@ def gathered(*kernel_axes: str | None) -> Callable[..., jax.Array]:
   a kernel whole on 'embed' where it is used makes it gather the weights,
   the FSDP way. A no-op outside a traced step (``sharding.with_rules``).
 
-  When the step compiles for a CPU, a plain projection whose input is no
-  wider than its output goes through ``projection.project``, whose kernel
-  gradient XLA:CPU runs as a row-major YNNPACK product (module doc there).
+  When the step compiles for a CPU, a plain projection goes through
+  ``projection.project`` (input no wider than its output: the kernel
+  gradient as a row-major YNNPACK product) or ``projection.flat``, whose
+  backward passes run their two products one after the other (module doc
+  there).
   """
   spec = tuple(None if name == "embed" else name for name in kernel_axes)
 

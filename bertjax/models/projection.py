@@ -12,9 +12,10 @@ is copied once more before the optimizer reads it (the attention kernels).
 that XLA does not fold the transpose back into the product, and computes the
 kernel gradient as a plain row-major ``x^T @ g`` in the kernel's own layout.
 It does so only where ``x`` is no wider than the output (``transpose_pays``):
-the feed-forward's second kernel keeps autodiff's product, because the
-transpose of its 3072-wide input would fuse into the fusion that recomputes
-the GELU, which XLA:CPU then runs strided (slower than what it saves).
+the feed-forward's second kernel keeps autodiff's form of the product
+(``flat``), because the transpose of its 3072-wide input would fuse into the
+fusion that recomputes the GELU, which XLA:CPU then runs strided (slower
+than what it saves).
 
 The input gradient is written as a 2-D product too (``input_gradient``),
 sparing XLA:CPU a transposed copy of every 3-D attention kernel a step.
@@ -25,7 +26,15 @@ for a CPU (``enabled``): TPU and GPU compilers pick their own layouts for
 the product.
 On a host without AVX-512 the attention's 3-D kernels take ``flat``
 instead (``form``, ``flat_heads``): one 2-D product with autodiff's
-gradients, which was faster there than the transposed activations.
+forms of the two gradients, which was faster there than the transposed
+activations; so does every kernel whose input is wider than its output.
+
+Both forms order their backward pass (``_gradients``): the kernel gradient
+starts once the input gradient is done, and what reads the input gradient
+waits for the kernel gradient. The two products are independent, and
+XLA:CPU otherwise runs them at once, each on part of the cores, slower in
+sum than one after the other with every core each (2-3% a BERT-base or
+-large step on a 2-core host; the same sums, so bit-identical).
 Measured in docs/performance.md (issue 17).
 """
 
@@ -93,22 +102,10 @@ def flat_heads() -> bool:
 
 def form(kernel: jax.Array, count: int) -> str:
   """How a plain projection onto ``kernel`` is written when the step
-  compiles for a CPU: 'flat' (``flat``), 'transposed' (``project``) or
-  'plain' (``lax.dot_general``)."""
+  compiles for a CPU: 'flat' (``flat``) or 'transposed' (``project``)."""
   if kernel.ndim > 2 and flat_heads():
     return "flat"
-  return "transposed" if transpose_pays(kernel, count) else "plain"
-
-
-def flat(x: jax.Array, kernel: jax.Array, count: int,
-         precision=None) -> jax.Array:
-  """``project``'s product as one 2-D matmul, ``x`` seen as [rows, inner]
-  and the kernel as [inner, outer] (bitcasts), with autodiff's gradients."""
-  inner = math.prod(kernel.shape[:count])
-  outer = math.prod(kernel.shape[count:])
-  y = lax.dot_general(x.reshape(-1, inner), kernel.reshape(inner, outer),
-                      (((1,), (0,)), ((), ())), precision=precision)
-  return y.reshape(x.shape[:x.ndim - count] + kernel.shape[count:])
+  return "transposed" if transpose_pays(kernel, count) else "flat"
 
 
 def transposed(x: jax.Array) -> jax.Array:
@@ -122,18 +119,9 @@ def _forward_numbers(x_ndim: int, count: int):
           ((), ()))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def project(x: jax.Array, kernel: jax.Array, count: int,
-            precision=None) -> jax.Array:
-  """``x``'s last ``count`` axes contracted with ``kernel``'s first ``count``
-  (``is_projection``), as ``lax.dot_general``; see the module doc for its
-  backward pass."""
+def _forward(x, kernel, count, precision):
   return lax.dot_general(x, kernel, _forward_numbers(x.ndim, count),
                          precision=precision)
-
-
-def _project_fwd(x, kernel, count, precision):
-  return project(x, kernel, count, precision), (x, kernel)
 
 
 def input_gradient(g: jax.Array, kernel: jax.Array, count: int,
@@ -150,16 +138,71 @@ def input_gradient(g: jax.Array, kernel: jax.Array, count: int,
                     + kernel.shape[:count])
 
 
-def _project_bwd(count, precision, residuals, g):
-  x, kernel = residuals
-  dx = input_gradient(g, kernel, count, precision)
+def _gradients(x, kernel, g, count, precision, transpose_x: bool):
+  """Both gradients of ``x @ kernel``, one product after the other (module
+  doc): the input gradient, then the kernel gradient, from a row-major
+  copy of ``xᵀ`` where ``transpose_x``, else as autodiff writes it
+  (``x``'s rows contracted in place)."""
   inner = math.prod(kernel.shape[:count])
   outer = math.prod(kernel.shape[count:])
-  rows = x.size // inner
-  xt = transposed(x.reshape(rows, inner))
-  dkernel = lax.dot_general(xt, g.reshape(rows, outer),
-                            (((1,), (0,)), ((), ())), precision=precision)
+  dx = input_gradient(g, kernel, count, precision)
+  # The kernel gradient's operand comes out of a barrier with dx, so its
+  # product cannot start before dx is computed ...
+  dx, rows = lax.optimization_barrier((dx, x.reshape(-1, inner)))
+  g = g.reshape(-1, outer)
+  if transpose_x:
+    dkernel = lax.dot_general(transposed(rows), g, (((1,), (0,)), ((), ())),
+                              precision=precision)
+  else:
+    dkernel = lax.dot_general(rows, g, (((0,), (0,)), ((), ())),
+                              precision=precision)
+  # ... and dx leaves through a barrier with the kernel gradient, so nothing
+  # that reads dx runs beside that product.
+  dx, dkernel = lax.optimization_barrier((dx, dkernel))
   return dx.astype(x.dtype), dkernel.reshape(kernel.shape).astype(kernel.dtype)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def project(x: jax.Array, kernel: jax.Array, count: int,
+            precision=None) -> jax.Array:
+  """``x``'s last ``count`` axes contracted with ``kernel``'s first ``count``
+  (``is_projection``), as ``lax.dot_general``; the kernel gradient from a
+  row-major copy of ``xᵀ`` (module doc)."""
+  return _forward(x, kernel, count, precision)
+
+
+def _project_fwd(x, kernel, count, precision):
+  return _forward(x, kernel, count, precision), (x, kernel)
+
+
+def _project_bwd(count, precision, residuals, g):
+  x, kernel = residuals
+  return _gradients(x, kernel, g, count, precision, transpose_x=True)
+
+
 project.defvjp(_project_fwd, _project_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def flat(x: jax.Array, kernel: jax.Array, count: int,
+         precision=None) -> jax.Array:
+  """``project``'s product as one 2-D matmul, ``x`` seen as [rows, inner]
+  and the kernel as [inner, outer] (bitcasts), with autodiff's forms of the
+  two gradients, ordered (module doc)."""
+  inner = math.prod(kernel.shape[:count])
+  outer = math.prod(kernel.shape[count:])
+  y = lax.dot_general(x.reshape(-1, inner), kernel.reshape(inner, outer),
+                      (((1,), (0,)), ((), ())), precision=precision)
+  return y.reshape(x.shape[:x.ndim - count] + kernel.shape[count:])
+
+
+def _flat_fwd(x, kernel, count, precision):
+  return flat(x, kernel, count, precision), (x, kernel)
+
+
+def _flat_bwd(count, precision, residuals, g):
+  x, kernel = residuals
+  return _gradients(x, kernel, g, count, precision, transpose_x=False)
+
+
+flat.defvjp(_flat_fwd, _flat_bwd)
