@@ -162,30 +162,28 @@ def _gradients(x, kernel, g, count, precision, transpose_x: bool):
   return dx.astype(x.dtype), dkernel.reshape(kernel.shape).astype(kernel.dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def project(x: jax.Array, kernel: jax.Array, count: int,
-            precision=None) -> jax.Array:
+def _ordered(forward, transpose_x: bool):
+  """``forward(x, kernel, count, precision)`` with ``_gradients`` as its
+  backward pass (``transpose_x`` chooses the kernel gradient's form)."""
+  fn = jax.custom_vjp(forward, nondiff_argnums=(2, 3))
+  fn.defvjp(
+      lambda x, kernel, count, precision: (
+          forward(x, kernel, count, precision), (x, kernel)),
+      lambda count, precision, residuals, g: _gradients(
+          *residuals, g, count, precision, transpose_x=transpose_x))
+  return fn
+
+
+def _project(x: jax.Array, kernel: jax.Array, count: int,
+             precision=None) -> jax.Array:
   """``x``'s last ``count`` axes contracted with ``kernel``'s first ``count``
   (``is_projection``), as ``lax.dot_general``; the kernel gradient from a
   row-major copy of ``xᵀ`` (module doc)."""
   return _forward(x, kernel, count, precision)
 
 
-def _project_fwd(x, kernel, count, precision):
-  return _forward(x, kernel, count, precision), (x, kernel)
-
-
-def _project_bwd(count, precision, residuals, g):
-  x, kernel = residuals
-  return _gradients(x, kernel, g, count, precision, transpose_x=True)
-
-
-project.defvjp(_project_fwd, _project_bwd)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def flat(x: jax.Array, kernel: jax.Array, count: int,
-         precision=None) -> jax.Array:
+def _flat(x: jax.Array, kernel: jax.Array, count: int,
+          precision=None) -> jax.Array:
   """``project``'s product as one 2-D matmul, ``x`` seen as [rows, inner]
   and the kernel as [inner, outer] (bitcasts), with autodiff's forms of the
   two gradients, ordered (module doc)."""
@@ -196,13 +194,5 @@ def flat(x: jax.Array, kernel: jax.Array, count: int,
   return y.reshape(x.shape[:x.ndim - count] + kernel.shape[count:])
 
 
-def _flat_fwd(x, kernel, count, precision):
-  return flat(x, kernel, count, precision), (x, kernel)
-
-
-def _flat_bwd(count, precision, residuals, g):
-  x, kernel = residuals
-  return _gradients(x, kernel, g, count, precision, transpose_x=False)
-
-
-flat.defvjp(_flat_fwd, _flat_bwd)
+project = _ordered(_project, transpose_x=True)
+flat = _ordered(_flat, transpose_x=False)
