@@ -44,7 +44,9 @@ import functools
 import math
 
 import jax
+from jax import custom_derivatives
 from jax import lax
+import jax.numpy as jnp
 
 from bertjax.models import attention as attention_lib
 
@@ -138,24 +140,37 @@ def input_gradient(g: jax.Array, kernel: jax.Array, count: int,
                     + kernel.shape[:count])
 
 
-def _gradients(x, kernel, g, count, precision, transpose_x: bool):
-  """Both gradients of ``x @ kernel``, one product after the other (module
-  doc): the input gradient, then the kernel gradient, from a row-major
-  copy of ``xᵀ`` where ``transpose_x``, else as autodiff writes it
-  (``x``'s rows contracted in place)."""
+def _kernel_gradient(rows, g, precision, transpose_x: bool):
+  """``rowsᵀ @ g`` for ``rows`` [rows, inner] and ``g`` [rows, outer]: from a
+  row-major copy of ``rowsᵀ`` where ``transpose_x``, else as autodiff writes
+  it (the rows contracted in place)."""
+  if transpose_x:
+    return lax.dot_general(transposed(rows), g, (((1,), (0,)), ((), ())),
+                           precision=precision)
+  return lax.dot_general(rows, g, (((0,), (0,)), ((), ())), precision=precision)
+
+
+def _gradients(x, kernel, g, count, precision, transpose_x: bool,
+               want_dx: bool = True, want_dkernel: bool = True):
+  """The gradients of ``x @ kernel`` that are wanted (None for the others);
+  when both are, one product after the other (module doc): the input
+  gradient, then the kernel gradient."""
   inner = math.prod(kernel.shape[:count])
   outer = math.prod(kernel.shape[count:])
+  rows = x.reshape(-1, inner)
+  g2 = g.reshape(-1, outer)
+  if not want_dkernel:
+    return input_gradient(g, kernel, count, precision).astype(x.dtype), None
+  if not want_dx:
+    # (A barrier would keep an input gradient nobody reads alive: XLNet's
+    # positions, a constant, are projected too.)
+    dkernel = _kernel_gradient(rows, g2, precision, transpose_x)
+    return None, dkernel.reshape(kernel.shape).astype(kernel.dtype)
   dx = input_gradient(g, kernel, count, precision)
   # The kernel gradient's operand comes out of a barrier with dx, so its
   # product cannot start before dx is computed ...
-  dx, rows = lax.optimization_barrier((dx, x.reshape(-1, inner)))
-  g = g.reshape(-1, outer)
-  if transpose_x:
-    dkernel = lax.dot_general(transposed(rows), g, (((1,), (0,)), ((), ())),
-                              precision=precision)
-  else:
-    dkernel = lax.dot_general(rows, g, (((0,), (0,)), ((), ())),
-                              precision=precision)
+  dx, rows = lax.optimization_barrier((dx, rows))
+  dkernel = _kernel_gradient(rows, g2, precision, transpose_x)
   # ... and dx leaves through a barrier with the kernel gradient, so nothing
   # that reads dx runs beside that product.
   dx, dkernel = lax.optimization_barrier((dx, dkernel))
@@ -164,13 +179,27 @@ def _gradients(x, kernel, g, count, precision, transpose_x: bool):
 
 def _ordered(forward, transpose_x: bool):
   """``forward(x, kernel, count, precision)`` with ``_gradients`` as its
-  backward pass (``transpose_x`` chooses the kernel gradient's form)."""
+  backward pass (``transpose_x`` chooses the kernel gradient's form).
+
+  With symbolic zeros the forward pass learns which of ``x`` and ``kernel``
+  are differentiated, and hands that to the backward pass as the static
+  shape of an empty array (residuals must be arrays)."""
   fn = jax.custom_vjp(forward, nondiff_argnums=(2, 3))
-  fn.defvjp(
-      lambda x, kernel, count, precision: (
-          forward(x, kernel, count, precision), (x, kernel)),
-      lambda count, precision, residuals, g: _gradients(
-          *residuals, g, count, precision, transpose_x=transpose_x))
+
+  def fwd(x, kernel, count, precision):
+    wanted = jnp.zeros((int(x.perturbed), int(kernel.perturbed), 0), x.value.dtype)
+    return (forward(x.value, kernel.value, count, precision),
+            (x.value, kernel.value, wanted))
+
+  def bwd(count, precision, residuals, g):
+    x, kernel, wanted = residuals
+    if isinstance(g, custom_derivatives.SymbolicZero):
+      return None, None
+    return _gradients(x, kernel, g, count, precision, transpose_x,
+                      want_dx=wanted.shape[0] == 1,
+                      want_dkernel=wanted.shape[1] == 1)
+
+  fn.defvjp(fwd, bwd, symbolic_zeros=True)
   return fn
 
 
