@@ -33,8 +33,9 @@ Both forms order their backward pass (``_gradients``): the kernel gradient
 starts once the input gradient is done, and what reads the input gradient
 waits for the kernel gradient. The two products are independent, and
 XLA:CPU otherwise runs them at once, each on part of the cores, slower in
-sum than one after the other with every core each (2-3% a BERT-base or
--large step on a 2-core host; the same sums, so bit-identical).
+sum than one after the other with every core each (a 2-core Zen 3 host:
+BERT-base's step 1.2-2.1% faster in two A/Bs, BERT-large's within the
+host's spread; the same sums, so bit-identical).
 Measured in docs/performance.md (issue 17).
 """
 
@@ -121,11 +122,6 @@ def _forward_numbers(x_ndim: int, count: int):
           ((), ()))
 
 
-def _forward(x, kernel, count, precision):
-  return lax.dot_general(x, kernel, _forward_numbers(x.ndim, count),
-                         precision=precision)
-
-
 def input_gradient(g: jax.Array, kernel: jax.Array, count: int,
                    precision=None) -> jax.Array:
   """``g @ kernel^T`` over the kernel's output axes, as a 2-D product:
@@ -208,7 +204,8 @@ def _project(x: jax.Array, kernel: jax.Array, count: int,
   """``x``'s last ``count`` axes contracted with ``kernel``'s first ``count``
   (``is_projection``), as ``lax.dot_general``; the kernel gradient from a
   row-major copy of ``xᵀ`` (module doc)."""
-  return _forward(x, kernel, count, precision)
+  return lax.dot_general(x, kernel, _forward_numbers(x.ndim, count),
+                         precision=precision)
 
 
 def _flat(x: jax.Array, kernel: jax.Array, count: int,
