@@ -3,8 +3,8 @@ ordered (``ab_step`` variant ``unordered_grads``).
 
 ``bertjax/models/projection.py`` makes each projection's kernel gradient
 wait for its input gradient, and what reads the input gradient wait for the
-kernel gradient (XLA:CPU would otherwise run the two independent products
-at once, each on part of the cores). This variant restores the earlier
+kernel gradient, in the program (XLA:CPU's runtime still overlaps the two;
+see docs/performance.md). This variant restores the earlier
 forms, the same products with nothing ordering them: ``project`` without
 the barriers, ``flat`` as a plain 2-D product left to autodiff, and the
 feed-forward's second kernel (input wider than output) as the plain

@@ -92,11 +92,11 @@ def _depends(jaxpr, var, on) -> bool:
 
 @pytest.mark.parametrize("impl", ["project", "flat"])
 @pytest.mark.parametrize("k_shape,count", [((8, 24), 1), ((24, 8), 1), ((2, 4, 6), 2)])
-def test_backward_products_run_one_after_the_other(impl, k_shape, count):
+def test_backward_products_are_ordered_in_the_program(impl, k_shape, count):
   """The input and kernel gradients are independent products; both forms
-  tie them (through optimization barriers) so that the kernel gradient is
-  computed from values that wait for the input gradient, and the input
-  gradient handed back waits for the kernel gradient."""
+  order them in the program (through optimization barriers): the kernel
+  gradient is computed from values that wait for the input gradient, and
+  the input gradient handed back waits for the kernel gradient."""
   x = jnp.ones((2, 6) + k_shape[:count])
   kernel = jnp.ones(k_shape)
   g = jnp.ones((2, 6) + k_shape[count:])

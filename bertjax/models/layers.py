@@ -60,8 +60,7 @@ def gathered(*kernel_axes: str | None) -> Callable[..., jax.Array]:
   When the step compiles for a CPU, a plain projection goes through
   ``projection.project`` (input no wider than its output: the kernel
   gradient as a row-major YNNPACK product) or ``projection.flat``, whose
-  backward passes run their two products one after the other (module doc
-  there).
+  backward passes order their two products (module doc there).
   """
   spec = tuple(None if name == "embed" else name for name in kernel_axes)
 

@@ -29,13 +29,16 @@ instead (``form``, ``flat_heads``): one 2-D product with autodiff's
 forms of the two gradients, which was faster there than the transposed
 activations; so does every kernel whose input is wider than its output.
 
-Both forms order their backward pass (``_gradients``): the kernel gradient
-starts once the input gradient is done, and what reads the input gradient
-waits for the kernel gradient. The two products are independent, and
-XLA:CPU otherwise runs them at once, each on part of the cores, slower in
-sum than one after the other with every core each (a 2-core Zen 3 host:
-BERT-base's step 1.2-2.1% faster in two A/Bs, BERT-large's within the
-host's spread; the same sums, so bit-identical).
+Both forms order their backward pass in the program (``_gradients``): the
+kernel gradient's operand waits for the input gradient, and the input
+gradient is handed on only with the kernel gradient. This was meant to keep
+XLA:CPU from running the two independent products at once on split cores;
+a trace shows that its runtime still does (it starts an op when the buffers
+it reads are ready, and a barrier adds no buffer), and the two products
+take as long together either way. The ordered program is bit-identical and
+was measured faster all the same (a 2-core Zen 3 host: BERT-base's step
+0.6-2.1% in three A/Bs, BERT-large's 1-2% in the latest), for a reason not
+traced.
 Measured in docs/performance.md (issue 17).
 """
 
@@ -149,8 +152,8 @@ def _kernel_gradient(rows, g, precision, transpose_x: bool):
 def _gradients(x, kernel, g, count, precision, transpose_x: bool,
                want_dx: bool = True, want_dkernel: bool = True):
   """The gradients of ``x @ kernel`` that are wanted (None for the others);
-  when both are, one product after the other (module doc): the input
-  gradient, then the kernel gradient."""
+  when both are, ordered in the program (module doc): the input gradient,
+  then the kernel gradient."""
   inner = math.prod(kernel.shape[:count])
   outer = math.prod(kernel.shape[count:])
   rows = x.reshape(-1, inner)
@@ -164,11 +167,12 @@ def _gradients(x, kernel, g, count, precision, transpose_x: bool,
     return None, dkernel.reshape(kernel.shape).astype(kernel.dtype)
   dx = input_gradient(g, kernel, count, precision)
   # The kernel gradient's operand comes out of a barrier with dx, so its
-  # product cannot start before dx is computed ...
+  # product comes after dx in the program ...
   dx, rows = lax.optimization_barrier((dx, rows))
   dkernel = _kernel_gradient(rows, g2, precision, transpose_x)
-  # ... and dx leaves through a barrier with the kernel gradient, so nothing
-  # that reads dx runs beside that product.
+  # ... and dx leaves through a barrier with the kernel gradient, so what
+  # reads dx comes after that product. (XLA:CPU's runtime may still overlap
+  # them: the barriers add no buffer dependency.)
   dx, dkernel = lax.optimization_barrier((dx, dkernel))
   return dx.astype(x.dtype), dkernel.reshape(kernel.shape).astype(kernel.dtype)
 
