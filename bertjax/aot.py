@@ -1,6 +1,6 @@
 r"""Ahead-of-time compile of the real train step for a TPU topology, on a CPU host.
 
-  pip install -e '.[tpu]'   # libtpu: the TPU compiler, no TPU needed
+  pip install libtpu   # the TPU compiler (a checkout's tpu extra); no TPU needed
   python -m bertjax.aot --config=configs/bert.py:large --topology=v5e:16x16 \
       --config.mesh_shape=1,-1,1
 
@@ -71,7 +71,7 @@ def get_topology_devices(topology: str) -> list[Any]:
   except ImportError as e:
     raise ValueError(
         "AOT compilation for TPU needs libtpu; install it with "
-        "pip install -e '.[tpu]'.") from e
+        "pip install libtpu (in a checkout, the tpu extra).") from e
   from jax.experimental import topologies
   return list(topologies.get_topology_desc(topology, "tpu").devices)
 

@@ -152,6 +152,10 @@ class Checkpointer:
                subdir: str = "checkpoints"):
     self.directory = paths.join(workdir, subdir)
     if read_only and not paths.isdir(self.directory):
+      if paths.exists(workdir) and not paths.isdir(workdir):
+        raise ValueError(
+            f"{workdir} is a file, not a workdir; pass the directory a run "
+            "wrote (`python -m bertjax.main --workdir=...`).")
       raise ValueError(
           f"No checkpoints under {self.directory}; train first with "
           "`python -m bertjax.main --workdir=...` or pass the workdir that has them.")
@@ -346,8 +350,13 @@ class BestCheckpoint:
   ``Checkpointer`` pointed at the same items.
   """
 
-  def __init__(self, workdir: str):
+  def __init__(self, workdir: str, *, metric: str = "held-out loss",
+               sign: float = 1.0):
+    """``metric`` names what is minimised in the log; ``sign`` turns the
+    minimised value back into it (-1 where a higher metric is offered
+    negated, as fine-tuning's accuracies are)."""
     self.directory = paths.join(workdir, "best_checkpoint")
+    self._metric, self._sign = metric, sign
     self._record = paths.join(self.directory, "best.json")
     self._manager = None
     self.best = paths.read_json(self._record) if paths.exists(self._record) else None
@@ -369,7 +378,7 @@ class BestCheckpoint:
     self.best = {"step": int(step), "loss": float(loss)}
     if jax.process_index() == 0:
       paths.write_json(self._record, self.best)
-    logging.info("New best held-out loss %.4f at step %d.", loss, step)
+    logging.info("New best %s %.4f at step %d.", self._metric, self._sign * loss, step)
     return True
 
   def close(self) -> None:

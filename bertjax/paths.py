@@ -113,6 +113,17 @@ def unwritable(p: str | os.PathLike) -> str | None:
   return None
 
 
+def denial(blocker: str) -> str:
+  """Why the local ``blocker`` (from ``unwritable``) cannot be written:
+  'read-only filesystem' where it is mounted so, else 'permission denied'."""
+  try:
+    if os.statvfs(blocker).f_flag & os.ST_RDONLY:
+      return "read-only filesystem"
+  except OSError:
+    pass
+  return "permission denied"
+
+
 def require_writable(p: str | os.PathLike, flag: str, what: str) -> None:
   """Raises ValueError, naming ``what`` (e.g. 'the workdir') and ``flag``,
   when the local directory ``p`` cannot be written or created."""
@@ -122,7 +133,7 @@ def require_writable(p: str | os.PathLike, flag: str, what: str) -> None:
   where = "" if blocker == os.path.abspath(os.fspath(p)) else (
       f": {blocker}, where it would be created, is read-only")
   raise ValueError(
-      f"Cannot write to {what} {os.fspath(p)} (permission denied{where}); make it "
+      f"Cannot write to {what} {os.fspath(p)} ({denial(blocker)}{where}); make it "
       f"writable or pass another {flag}.")
 
 

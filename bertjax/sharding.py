@@ -51,12 +51,19 @@ def parse_mesh_shape(spec: str, num_devices: int) -> tuple[int, int, int]:
     dims = [int(x) for x in str(spec).split(",")]
   except ValueError:
     dims = []
-  if len(dims) != len(MESH_AXES) or dims.count(-1) > 1 or any(
-      d == 0 or d < -1 for d in dims):
+  if len(dims) != len(MESH_AXES):
     raise ValueError(
         f"config.mesh_shape={spec!r} is not three sizes for "
         f"{','.join(MESH_AXES)}; set e.g. --config.mesh_shape=-1,1,1 "
         "(-1 = the remaining devices).")
+  if dims.count(-1) > 1:
+    raise ValueError(
+        f"config.mesh_shape={spec!r} leaves more than one axis at -1; give "
+        "every axis but one its size, e.g. --config.mesh_shape=-1,2,1.")
+  if any(d == 0 or d < -1 for d in dims):
+    raise ValueError(
+        f"config.mesh_shape={spec!r} has a size below 1; give each axis a "
+        "positive size, or -1 for the remaining devices.")
   known = math.prod(d for d in dims if d != -1)
   if -1 in dims:
     if num_devices % known:
@@ -67,9 +74,13 @@ def parse_mesh_shape(spec: str, num_devices: int) -> tuple[int, int, int]:
   if math.prod(dims) != num_devices:
     raise ValueError(
         f"config.mesh_shape={spec!r} uses {math.prod(dims)} devices but "
-        f"{num_devices} are present; make the product equal the device count "
-        "or use -1 for one axis.")
+        f"{_devices(num_devices)} present; make the product equal the device "
+        "count or use -1 for one axis.")
   return tuple(dims)  # type: ignore[return-value]
+
+
+def _devices(count: int) -> str:
+  return "1 device is" if count == 1 else f"{count} devices are"
 
 
 def make_mesh(spec: str, devices: list[jax.Device] | None = None) -> Mesh:

@@ -280,6 +280,7 @@ def train_and_evaluate(config, workdir: str, *,
     # After the comparison, whose message is the clearer one where an
     # objective is set on another system's workdir.
     config_validation.check_variant(config)
+    prepare.check_inputs(config)  # e.g. text files that match nothing
     lock = workdir_lock.hold(workdir, jax.process_index())
     try:
       return _train_and_evaluate(config, workdir, stop_at_step, preemption)

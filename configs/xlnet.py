@@ -29,6 +29,7 @@ What differs from ``configs/bert.py`` (every other field is BERT's):
 import ml_collections
 
 from bertjax import config_files
+from bertjax.models import sizes
 
 bert = config_files.sibling(__file__, "bert")
 
@@ -39,6 +40,7 @@ _LARGE = dict(batch_size=8192, num_train_steps=500_000, learning_rate=4e-4,
 
 def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   size = arg or "tiny"
+  sizes.check_config_arg(size, suffix="_mem")  # names the _mem sizes too
   memory = size.endswith("_mem")
   size = size.removesuffix("_mem")
   tiny = size == "tiny"

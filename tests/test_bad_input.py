@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from bertjax import config_files
 from bertjax import state as state_lib
 from bertjax import train
 from bertjax.data import prepare
@@ -193,3 +194,28 @@ def test_evaluate_keeps_the_training_runs_record(trained_workdir, demo_config,
     assert json.load(f) == training_record
   with open(os.path.join(trained_workdir, "eval_2-2.json")) as f:
     assert json.load(f) == record
+
+
+@pytest.mark.parametrize("spec,devices,needle", [
+    ("1,2", 8, "is not three sizes for data,fsdp,tensor"),
+    ("a,b,c", 8, "is not three sizes"),
+    ("-1,-1,1", 8, "leaves more than one axis at -1"),
+    ("0,1,1", 8, "has a size below 1"),
+    ("1,-2,1", 8, "has a size below 1"),
+    ("3,-1,1", 8, "does not divide the 8 devices"),
+    ("2,2,1", 8, "uses 4 devices but 8 devices are present"),
+    ("2,1,1", 1, "uses 2 devices but 1 device is present"),
+])
+def test_a_bad_mesh_shape_says_what_is_wrong_with_it(spec, devices, needle):
+  from bertjax import sharding
+  with pytest.raises(ValueError, match=rf"^config\.mesh_shape='{spec}' ") as e:
+    sharding.parse_mesh_shape(spec, devices)
+  assert needle in str(e.value)
+  assert "\n" not in str(e.value)
+
+
+def test_xlnet_sizes_are_listed_with_their_memory_suffix():
+  with pytest.raises(ValueError) as e:
+    config_files.load("xlnet:huge")
+  assert "each with or without _mem, as in --config=FILE:tiny_mem" in str(e.value)
+  assert config_files.load("xlnet:tiny_mem").mem_len > 0

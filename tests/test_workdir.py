@@ -290,3 +290,68 @@ def test_repair_of_a_read_only_data_dir_is_refused_and_removes_nothing(open_dir)
   finally:
     os.chmod(parent, 0o755)
   assert os.listdir(dataset) == ["shard"]
+
+
+def test_text_files_matching_nothing_are_refused_before_the_workdir_is_made(
+    tmp_path, demo_config, demo_data, no_device_work):
+  config = tiny(demo_config, demo_data)
+  config.dataset = "bertjax_local_text"
+  config.text_files = str(tmp_path / "nowhere" / "*.txt")
+  config.data_dir = ""  # prepared under the workdir, which must not appear
+  workdir = tmp_path / "run"
+  with pytest.raises(ValueError, match=r"^--config\.text_files='.*\*\.txt' "
+                     r"matches no files; pass comma-separated paths or globs"):
+    train.train_and_evaluate(config, str(workdir))
+  assert not workdir.exists()  # no checkpoints/, data/ or lock left behind
+
+
+def test_reading_checkpoints_from_a_file_says_it_is_a_file(tmp_path):
+  path = tmp_path / "eval.json"
+  path.write_text("{}")
+  with pytest.raises(ValueError, match=r"eval\.json is a file, not a workdir; "
+                     r"pass the directory a run wrote"):
+    checkpointing.Checkpointer(str(path), read_only=True)
+  with pytest.raises(ValueError, match=r"^No checkpoints under .*/empty/checkpoints"):
+    os.mkdir(tmp_path / "empty")
+    checkpointing.Checkpointer(str(tmp_path / "empty"), read_only=True)
+
+
+def test_a_read_only_filesystem_is_named_as_such(tmp_path, monkeypatch):
+  from bertjax import paths
+  target = tmp_path / "ro"
+  target.mkdir()
+  real = os.statvfs
+  assert paths.denial(str(target)) == "permission denied"  # tmp_path is writable
+
+  class ReadOnly:
+    def __init__(self, result):
+      self.result = result
+
+    def __getattr__(self, name):
+      return getattr(self.result, name)
+
+    @property
+    def f_flag(self):
+      return self.result.f_flag | os.ST_RDONLY
+
+  monkeypatch.setattr(os, "statvfs", lambda p: ReadOnly(real(p)))
+  monkeypatch.setattr(paths, "unwritable", lambda p: str(target))
+  with pytest.raises(ValueError, match=r"^Cannot write to the workdir .*/ro/run "
+                     r"\(read-only filesystem: .*/ro, where it would be created, "
+                     r"is read-only\)"):
+    paths.require_writable(str(target / "run"), "--workdir", "the workdir")
+
+
+def test_the_best_checkpoint_log_names_the_metric_offered(tmp_path, caplog):
+  """Fine-tuning offers its accuracy negated (lower is kept); the log must
+  say the accuracy, not a negative 'held-out loss'."""
+  import ml_collections
+  import numpy as np
+  best = checkpointing.BestCheckpoint(str(tmp_path), metric="held-out accuracy",
+                                      sign=-1.0)
+  config = ml_collections.ConfigDict({"model": "bert"})
+  with caplog.at_level(logging.INFO):
+    assert best.offer(3, -0.42, {"w": np.zeros(2, np.float32)}, {}, config, "f")
+  assert "New best held-out accuracy 0.4200 at step 3." in caplog.text
+  assert "-0.42" not in caplog.text
+  assert not best.offer(4, -0.40, {"w": np.ones(2, np.float32)}, {}, config, "f")

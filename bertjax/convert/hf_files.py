@@ -46,8 +46,9 @@ def _torch_bin(path: str) -> dict[str, np.ndarray]:
     import torch
   except ImportError:
     raise ValueError(
-        f"{path} is a PyTorch pickle, which needs torch to read; install the hf "
-        "extra (pip install -e '.[hf]') or convert it to model.safetensors.") from None
+        f"{path} is a PyTorch pickle, which needs torch to read; install it "
+        "(pip install torch==2.13.0, the CPU wheel; in a checkout, the hf extra) "
+        "or convert the file to model.safetensors.") from None
   state = torch.load(paths.fetched(path), map_location="cpu", weights_only=True)
   return {k: v.float().numpy() if v.is_floating_point() else v.numpy()
           for k, v in state.items()}

@@ -93,7 +93,7 @@ def check_data_dir(config, data_dir: str, *, writing: bool = True) -> None:
     blocker = None if paths.exists(directory) else paths.unwritable(directory)
     if blocker is not None:
       raise ValueError(
-          f"Cannot write to the data_dir {data_dir} (permission denied: {blocker} "
+          f"Cannot write to the data_dir {data_dir} ({paths.denial(blocker)}: {blocker} "
           f"is read-only and prepare has to create {directory} under it); make it "
           f"writable or pass another {flag}.")
 

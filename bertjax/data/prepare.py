@@ -240,6 +240,26 @@ def prepare(config, data_dir: str, *, beam_runner: str = "",
   Returns:
     PreparedData describing the shards.
   """
+  engine = engine_of(config, beam_runner, beam_options)
+  if paths.is_remote(data_dir):  # the clearer message for local text files
+    _check_beam_inputs(config, data_dir, engine)
+  check_inputs(config)
+  # A file where a directory is to be written is refused before any write.
+  layout.check_data_dir(config, data_dir)
+  spans = (knowledge.Settings.from_config(config)
+           if config.get("knowledge_spans", False) else None)
+  try:
+    if paths.is_remote(data_dir):
+      return _prepare_mirrored(config, data_dir, spans, engine)
+    return _prepare(config, data_dir, spans, engine)
+  finally:
+    workers.shutdown()
+
+
+def check_inputs(config) -> None:
+  """Refuses, reading only and before any directory is made, a dataset,
+  split or tokenizer that is not set or not known, or local text files that
+  match nothing (each input of a mixture too)."""
   if not config.get("dataset"):
     raise ValueError("config.dataset is empty; set --config.dataset, e.g. bertjax_python_docs.")
   if not config.get("train_split"):
@@ -248,18 +268,11 @@ def prepare(config, data_dir: str, *, beam_runner: str = "",
     raise ValueError(
         f"Unknown tokenizer type {config.tokenizer!r}; set --config.tokenizer to "
         f"one of {', '.join(tokenizer_lib.MODEL_TYPES)}.")
-  # A file where a directory is to be written is refused before any write.
-  layout.check_data_dir(config, data_dir)
-  spans = (knowledge.Settings.from_config(config)
-           if config.get("knowledge_spans", False) else None)
-  engine = engine_of(config, beam_runner, beam_options)
-  try:
-    if paths.is_remote(data_dir):
-      _check_beam_inputs(config, data_dir, engine)
-      return _prepare_mirrored(config, data_dir, spans, engine)
-    return _prepare(config, data_dir, spans, engine)
-  finally:
-    workers.shutdown()
+  inputs = [(c.dataset, c.text_files) for c in mixture.parse(config)] or [
+      (config.dataset, config.get("text_files", ""))]
+  for dataset, text_files in inputs:
+    if dataset.partition("/")[0] == "bertjax_local_text":
+      text_sources.local_text_files(dataset, text_files)
 
 
 def _prepare_mirrored(config, data_dir: str, spans,

@@ -233,7 +233,7 @@ def remove_damaged(reports: Sequence[Report]) -> list[str]:
     if blocker is not None:
       raise ValueError(
           f"Cannot remove the damaged dataset {dataset_dir}: {blocker} is read-only "
-          "(permission denied); make the data_dir writable, or point "
+          f"({paths.denial(blocker)}); make the data_dir writable, or point "
           "--config.data_dir at a new directory to prepare it there.")
   for dataset_dir, mirror in sorted(damaged.items()):
     if mirror is None:

@@ -99,20 +99,29 @@ def _python_docs(data_dir: str) -> str:
   return os.fspath(builder.data_path)
 
 
-def _local_text(config, data_dir: str, engine: Engine) -> str:
-  """Builds (if missing) the text dataset of config.text_files; returns its directory."""
-  cfg = config.dataset.partition("/")[2] or "files"
+def local_text_files(dataset: str, text_files: str) -> list[str]:
+  """The files a ``bertjax_local_text`` input reads (reading only: globs
+  resolved, nothing opened); ValueError with the fix when its config name is
+  unknown, no files are given or none match."""
+  cfg = dataset.partition("/")[2] or "files"
   if cfg not in builders.LOCAL_TEXT_CONFIGS:
     raise ValueError(
         f"bertjax_local_text has no config {cfg!r}; set --config.dataset to "
         f"{' or '.join('bertjax_local_text/' + k for k in builders.LOCAL_TEXT_CONFIGS)}.")
-  if not config.get("text_files"):
+  if not text_files:
     raise ValueError(
         "bertjax_local_text needs input files; set --config.text_files to "
         "comma-separated paths or globs of UTF-8 text files.")
-  paths = builders.resolve_text_files(config.text_files)
+  paths = builders.resolve_text_files(text_files)
   if not paths:
-    raise ValueError(builders.no_files_message(config.text_files))
+    raise ValueError(builders.no_files_message(text_files))
+  return paths
+
+
+def _local_text(config, data_dir: str, engine: Engine) -> str:
+  """Builds (if missing) the text dataset of config.text_files; returns its directory."""
+  cfg = config.dataset.partition("/")[2] or "files"
+  paths = local_text_files(config.dataset, config.get("text_files", ""))
   fingerprint = builders.files_fingerprint(paths)
   dataset_dir = os.path.join(data_dir, "bertjax_local_text", cfg, _LOCAL_VERSION)
   if staged.is_published(dataset_dir):

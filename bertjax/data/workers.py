@@ -145,8 +145,8 @@ def _run_beam(run_unit, tasks, runner: str, options: Sequence[str]) -> None:
     from apache_beam.options import pipeline_options  # pylint: disable=g-import-not-at-top
   except ImportError:
     raise ValueError(
-        "--beam_runner needs Apache Beam; install the beam extra "
-        "(pip install -e '.[beam]').") from None
+        "--beam_runner needs Apache Beam; install it "
+        "(pip install 'apache-beam>=2.60'; in a checkout, the beam extra).") from None
   if runner == "DirectRunner":
     # Beam's DirectRunner first tries Prism, a binary it downloads; bertjax
     # never reaches the network, so it runs Beam's local FnApiRunner, which the

@@ -370,7 +370,8 @@ def _run_held(cfg, task, fields, loaded, tokenizer, train_feats, eval_feats, to_
   # Rows a killed run logged after the step resumed from (all of them, when
   # it saved no checkpoint) are dropped: those steps are about to be redone.
   writer = metrics_lib.MetricWriter(workdir, resumed_at=step)
-  best = checkpointing.BestCheckpoint(workdir)
+  best = checkpointing.BestCheckpoint(
+      workdir, metric=f"held-out {cfg.main_metric}", sign=_loss_sign(cfg))
   last = cfg.num_train_steps if stop_at_step is None else min(stop_at_step, cfg.num_train_steps)
   record, acc, t0, s0 = None, None, time.time(), step
   previous = None  # (step, its 'skipped' flag), read one step late

@@ -43,14 +43,16 @@ def get_size(name: str) -> Size:
         f"{', '.join(SIZES)}.") from None
 
 
-def check_config_arg(name: str) -> None:
+def check_config_arg(name: str, *, suffix: str = "") -> None:
   """Raises a ValueError when the size a config file was asked for (the
-  ``ARG`` of ``--config=FILE:ARG``) is not a row of SIZES."""
-  if name not in SIZES:
+  ``ARG`` of ``--config=FILE:ARG``) is not a row of SIZES, optionally
+  followed by ``suffix`` (XLNet's ``_mem``)."""
+  if (name.removesuffix(suffix) if suffix else name) not in SIZES:
+    example = (f"each with or without {suffix}, as in --config=FILE:tiny{suffix}"
+               if suffix else "as in --config=FILE:base")
     raise ValueError(
         f"Unknown size {name!r} after the config file's colon "
-        f"(--config=FILE:{name}); pick one of {', '.join(SIZES)}, as in "
-        "--config=configs/bert.py:base.")
+        f"(--config=FILE:{name}); pick one of {', '.join(SIZES)} ({example}).")
 
 
 def resolve(config) -> Size:

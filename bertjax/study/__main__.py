@@ -8,7 +8,8 @@ Each objective trains once to the budget, stopping at ``--points`` budget
 points along the way; at each the checkpoint is evaluated on the held-out split
 and fine-tuned on every ``--tasks`` task. Writes ``study.json``, ``study.md``
 and ``study.png`` into ``--workdir``; run again to resume (finished points are
-not redone). Needs matplotlib: ``pip install 'bertjax[study]'``.
+not redone). Needs matplotlib (``pip install matplotlib``; in a checkout,
+``pip install -e '.[study]'``).
 """
 
 # Restart with malloc tunables that reuse XLA:CPU's per-step buffers before the heavy

@@ -25,7 +25,7 @@ def check_plotting() -> None:
     import matplotlib  # noqa: F401
   except ImportError:
     raise ValueError("bertjax.study draws its plot with matplotlib, which is not "
-                     "installed; install it with pip install 'bertjax[study]'.") from None
+                     "installed; install it with pip install matplotlib (in a checkout, the study extra).") from None
 
 
 def png_size(panels: int) -> tuple[int, int]:
