@@ -143,3 +143,18 @@ def test_training_refuses_a_file_as_data_dir_before_touching_the_workdir(
   with pytest.raises(ValueError, match=r"--config\.data_dir=.*afile is a file"):
     train.train_and_evaluate(config, str(tmp_path / "work"))
   assert not (tmp_path / "work").exists() and blocker.read_text() == "mine"
+
+
+def test_the_demo_builder_says_it_prepares_and_downloads_nothing(tmp_path, capfd, caplog):
+  """TFDS prints 'Downloading and preparing dataset' around every build; for
+  bertjax's offline builders that line would be untrue."""
+  import logging
+  from bertjax.data import builders
+  builder = builders.BertjaxPythonDocs(data_dir=str(tmp_path),
+                                       file_format=builders.FILE_FORMAT)
+  with caplog.at_level(logging.INFO):
+    builder.download_and_prepare()
+  printed = capfd.readouterr().out
+  assert builder.is_prepared()
+  assert "ownloading" not in printed and "downloaded" not in printed
+  assert "bertjax_python_docs" in caplog.text and "download nothing" in caplog.text

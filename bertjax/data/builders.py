@@ -27,6 +27,7 @@ import re
 import sys
 from typing import Iterable, Iterator, Sequence
 
+from absl import logging
 import numpy as np
 import tensorflow_datasets as tfds
 
@@ -85,6 +86,15 @@ class OfflineBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   @classmethod
   def code_path(cls):
     return None
+
+  # TFDS prints "Downloading and preparing dataset ..." and "... downloaded and
+  # prepared" around every build; nothing is downloaded, so say what happens.
+  def _log_download_bytes(self) -> None:
+    logging.info("Preparing %s in %s (bertjax's builders download nothing) ...",
+                 self.name, self.data_dir)
+
+  def _log_download_done(self) -> None:
+    logging.info("Prepared %s in %s.", self.name, self.data_dir)
 
 
 class BertjaxPythonDocs(OfflineBuilder):
