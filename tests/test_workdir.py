@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import subprocess
+import types
 import warnings
 
 import pytest
@@ -311,8 +312,8 @@ def test_reading_checkpoints_from_a_file_says_it_is_a_file(tmp_path):
   with pytest.raises(ValueError, match=r"eval\.json is a file, not a workdir; "
                      r"pass the directory a run wrote"):
     checkpointing.Checkpointer(str(path), read_only=True)
+  os.mkdir(tmp_path / "empty")
   with pytest.raises(ValueError, match=r"^No checkpoints under .*/empty/checkpoints"):
-    os.mkdir(tmp_path / "empty")
     checkpointing.Checkpointer(str(tmp_path / "empty"), read_only=True)
 
 
@@ -320,21 +321,9 @@ def test_a_read_only_filesystem_is_named_as_such(tmp_path, monkeypatch):
   from bertjax import paths
   target = tmp_path / "ro"
   target.mkdir()
-  real = os.statvfs
   assert paths.denial(str(target)) == "permission denied"  # tmp_path is writable
-
-  class ReadOnly:
-    def __init__(self, result):
-      self.result = result
-
-    def __getattr__(self, name):
-      return getattr(self.result, name)
-
-    @property
-    def f_flag(self):
-      return self.result.f_flag | os.ST_RDONLY
-
-  monkeypatch.setattr(os, "statvfs", lambda p: ReadOnly(real(p)))
+  # A read-only mount, as statvfs reports one.
+  monkeypatch.setattr(os, "statvfs", lambda p: types.SimpleNamespace(f_flag=os.ST_RDONLY))
   monkeypatch.setattr(paths, "unwritable", lambda p: str(target))
   with pytest.raises(ValueError, match=r"^Cannot write to the workdir .*/ro/run "
                      r"\(read-only filesystem: .*/ro, where it would be created, "
