@@ -14,8 +14,8 @@ from bertjax.models import attention as attention_lib
 from bertjax.models import layers
 
 # The features that replace ``layers.MultiHeadAttention`` with VariantAttention.
-ATTENTION_FEATURES = ("flat2d", "qkv_fused", "heads_major", "mask_bias", "dpa",
-                      "dpa_lengths", "batch_split")
+ATTENTION_FEATURES = ("flat2d", "qkv_fused", "qkv_tree", "heads_major", "mask_bias",
+                      "dpa", "dpa_lengths", "batch_split")
 
 
 class Weights(nn.Module):
@@ -46,8 +46,9 @@ class VariantAttention(layers.MultiHeadAttention):
     h = self.num_heads
     d = e // h
     if query is not None and "qkv_fused" in f:
-      raise ValueError("qkv_fused projects one set of rows; time it with "
-                       "--config.sparse_last_layer=False.")
+      # The sparse last layer's queries are other rows than its keys and
+      # values: that layer keeps three products.
+      f = f - {"qkv_fused"}
     # Queries from the sparse last layer's rows, keys and values from all.
     sources = (x.astype(dt) if query is None else query.astype(dt),
                x.astype(dt), x.astype(dt))
@@ -57,6 +58,20 @@ class VariantAttention(layers.MultiHeadAttention):
                       name="out")()
     x = x.astype(dt)
     heads_major = "heads_major" in f
+    if "qkv_tree" in f and query is None:
+      # One product for query, key and value through the tree's own
+      # projection (on a CPU ``projection``'s form and ordered backward):
+      # the kernels joined on the heads axis, [embed, 3 * heads, kv].
+      kernel = jnp.concatenate([w for w, _ in qkv], axis=1).astype(dt)
+      y = layers.gathered("embed", "heads")(
+          x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
+      y = y + jnp.concatenate([b for _, b in qkv], axis=0).astype(dt)
+      q, k, v = jnp.split(y, 3, axis=-2)
+      out = attention_lib.attend(q, k, v, mask, segment_ids=doc_ids, impl=self.impl,
+                                 dropout_rate=self.dropout_rate,
+                                 deterministic=deterministic, dtype=dt)
+      return layers.gathered("heads", "embed")(
+          out, wo.astype(dt), (((2, 3), (0, 1)), ((), ()))) + bo.astype(dt)
     if "flat2d" in f:
       # 2-D kernels are bitcasts of the stored [e, h, d] / [h, d, e] ones.
       w2 = [w.reshape(e, h * d).astype(dt) for w, _ in qkv]
