@@ -58,15 +58,22 @@ class VariantAttention(layers.MultiHeadAttention):
                       name="out")()
     x = x.astype(dt)
     heads_major = "heads_major" in f
-    if "qkv_tree" in f and query is None:
+    if "qkv_tree" in f:
       # One product for query, key and value through the tree's own
       # projection (on a CPU ``projection``'s form and ordered backward):
-      # the kernels joined on the heads axis, [embed, 3 * heads, kv].
-      kernel = jnp.concatenate([w for w, _ in qkv], axis=1).astype(dt)
-      y = layers.gathered("embed", "heads")(
-          x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
-      y = y + jnp.concatenate([b for _, b in qkv], axis=0).astype(dt)
-      q, k, v = jnp.split(y, 3, axis=-2)
+      # the kernels joined on the heads axis, [embed, 3 * heads, kv]. The
+      # sparse last layer's queries are other rows: three products there,
+      # each as the tree makes it.
+      project = layers.gathered("embed", "heads")
+      numbers = (((x.ndim - 1,), (0,)), ((), ()))
+      if query is None:
+        kernel = jnp.concatenate([w for w, _ in qkv], axis=1).astype(dt)
+        y = project(x, kernel, numbers)
+        y = y + jnp.concatenate([b for _, b in qkv], axis=0).astype(dt)
+        q, k, v = jnp.split(y, 3, axis=-2)
+      else:
+        q, k, v = (project(src, w.astype(dt), numbers) + b.astype(dt)
+                   for src, (w, b) in zip(sources, qkv))
       out = attention_lib.attend(q, k, v, mask, segment_ids=doc_ids, impl=self.impl,
                                  dropout_rate=self.dropout_rate,
                                  deterministic=deterministic, dtype=dt)
