@@ -39,8 +39,9 @@ ITEMS = ("state", "data", "config")
 
 
 class StateMismatch(ValueError):
-  """An intact checkpoint (its checksums match) that does not restore into
-  the state the config builds: another model, not damage."""
+  """A checkpoint that does not fit the state the config builds (its saved
+  shapes differ, or it is intact and does not restore): another model, not
+  damage."""
 
 
 class NoUsableCheckpoint(ValueError):
@@ -277,8 +278,45 @@ class Checkpointer:
         ),
         force=force)
 
+  def check_fits(self, step: int, abstract_state) -> None:
+    """Raises StateMismatch, naming the first array that differs, when the
+    state saved at ``step`` (its orbax metadata: names and shapes) does not
+    have the leaves and shapes of ``abstract_state``; reads no array.
+
+    Without it a mismatch showed only when orbax failed part-way through a
+    restore, with reads of the other arrays left in flight. Metadata that
+    cannot be read is left for the restore to report.
+    """
+    try:
+      tree = ocp.StandardCheckpointHandler().metadata(self.step_dir(step) / "state").tree
+    except Exception:  # noqa: BLE001 — damaged or older: the restore says so
+      return
+    saved = {m.name: tuple(m.shape) for m in jax.tree.leaves(tree)
+             if isinstance(m, ocp.metadata.ArrayMetadata)}
+    wanted = {name: tuple(getattr(a, "shape", ()))  # a Python scalar: ()
+              for name, a in ocp.tree.to_flat_dict(abstract_state, sep=".").items()
+              if a is not None}
+    if not saved.keys() & wanted.keys():
+      return  # names of another form (another orbax): the restore decides
+    # Parameters first: a user knows them; their optimizer moments follow.
+    order = lambda names: sorted(names, key=lambda n: (not n.startswith("params."), n))
+    problems = [f"{n} is {saved[n]} in the checkpoint but {wanted[n]} in this config"
+                for n in order(saved.keys() & wanted.keys()) if saved[n] != wanted[n]]
+    problems += [f"{n} is missing from the checkpoint"
+                 for n in order(wanted.keys() - saved.keys())]
+    problems += [f"{n} is in the checkpoint but not in this config"
+                 for n in order(saved.keys() - wanted.keys())]
+    if problems:
+      more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+      raise StateMismatch(
+          f"{self.where(step)} does not fit the state this config builds: "
+          f"{problems[0]}{more}; resume it with the config it was trained "
+          "with, or pass a new --workdir.")
+
   def restore(self, step: int, abstract_state, shardings) -> tuple[Any, dict[str, Any]]:
-    """Restores (state placed with ``shardings``, iterator state) of ``step``."""
+    """Restores (state placed with ``shardings``, iterator state) of ``step``;
+    StateMismatch (``check_fits``) before any read when the state differs."""
+    self.check_fits(step, abstract_state)
     target = jax.tree.map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
         abstract_state, shardings)
@@ -309,6 +347,8 @@ class Checkpointer:
       try:
         with _held_logs():
           state, iterator_state = self.restore(step, abstract_state, shardings)
+      except StateMismatch:
+        raise
       except Exception as e:  # noqa: BLE001 — reported in one line, not guessed at
         self._refuse_restore(step, e)
       bad = state_lib.nonfinite_leaves(state)

@@ -12,6 +12,7 @@ import pkgutil
 import shutil
 import subprocess
 
+import jax
 import numpy as np
 import pytest
 
@@ -215,6 +216,48 @@ def test_checkpoint_without_checksums_still_restores(workdir, trained, restored,
   resume_and_check(tiny(demo_config, demo_data), workdir, trained, restored,
                    caplog, 20)
   assert "no checksums to verify" in caplog.text
+
+
+def test_a_state_of_another_shape_is_refused_before_any_array_is_read(
+    trained, demo_config, demo_data):
+  # The checkpoint's own metadata (names and shapes) decides; orbax's restore
+  # is never started, so no read is left in flight when it is refused.
+  from bertjax import models, optim
+  from bertjax.models import sizes
+  config = tiny(demo_config, demo_data)
+  mesh = sharding.make_mesh(config.mesh_shape)
+  checkpointer = checkpointing.Checkpointer(trained, read_only=True)
+
+  def abstract(c):
+    return state_lib.state_shardings(models.get_model(c), optim.make_optimizer(c), c, mesh)
+
+  same, shardings = abstract(config)
+  checkpointer.check_fits(20, same)  # the config it was trained with fits
+
+  def forbidden(*args, **kwargs):
+    raise AssertionError("orbax's restore started")
+  checkpointer._manager.restore = forbidden
+  wider = tiny(demo_config, demo_data, vocab_size=config.vocab_size + 64)
+  other, other_shardings = abstract(wider)
+  with pytest.raises(checkpointing.StateMismatch) as e:
+    checkpointer.restore(20, other, other_shardings)
+  hidden = sizes.get_size(config.model_size).hidden_size
+  message = str(e.value)
+  assert message.startswith(f"The checkpoint at step 20 in {trained}"), message
+  assert (f"does not fit the state this config builds: params.embeddings."
+          f"word_embeddings.embedding is ({config.vocab_size}, {hidden}) in the "
+          f"checkpoint but ({wider.vocab_size}, {hidden}) in this config") in message
+  assert "more); resume it with the config it was trained with" in message
+  # A parameter more, or one fewer: the leaf is named.
+  extra = jax.ShapeDtypeStruct((3,), np.float32)
+  with pytest.raises(checkpointing.StateMismatch,
+                     match=r"params\.probe is missing from the checkpoint;"):
+    checkpointer.check_fits(20, same.replace(params={**same.params, "probe": extra}))
+  fewer = {k: v for k, v in same.params.items() if k != "embeddings"}
+  with pytest.raises(checkpointing.StateMismatch,
+                     match=r"params\.embeddings\.\S+ is in the checkpoint but not in this config"):
+    checkpointer.check_fits(20, same.replace(params=fewer))
+  checkpointer.close()
 
 
 def test_damage_fallback_prints_one_line_through_the_cli(workdir, demo_config,
