@@ -6,6 +6,7 @@ regression label column, and a file where --workdir should be."""
 import json
 import re
 
+import jax
 import numpy as np
 import pytest
 
@@ -95,6 +96,27 @@ def test_a_workdir_resumed_with_another_init_is_refused(inits, tmp_path):
   assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == listing
   # The init it was started from resumes and finishes.
   assert loop.run(cfg(), path, str(workdir))["step"] == 2
+
+
+def test_the_head_draws_the_same_numbers_with_or_without_the_encoders_draws(
+    inits, tmp_path, monkeypatch):
+  # With an init only the head is drawn (the encoder's draws are never
+  # compiled); random_init draws the whole tree. The head must not notice.
+  made = []
+  original = loop._initial_state
+  monkeypatch.setattr(loop, "_initial_state",
+                      lambda *a, **k: made.append(original(*a, **k)) or made[-1])
+  for name, random_init in (("init", False), ("random", True)):
+    cfg = _finetune_config("coherence", random_init=random_init, **_TINY)
+    assert loop.run(cfg, inits(2), str(tmp_path / name), stop_at_step=0) is None
+  (loaded, drawn) = (jax.device_get(s.params) for s in made)
+  assert sorted(loaded) == sorted(drawn) and "encoder" in loaded and len(loaded) > 1
+  for key in set(loaded) - {"encoder"}:
+    for a, b in zip(jax.tree.leaves(loaded[key]), jax.tree.leaves(drawn[key])):
+      np.testing.assert_array_equal(a, b)
+  # ... while the encoders differ: one is the init's, the other drawn.
+  assert any(not np.array_equal(a, b) for a, b in
+             zip(jax.tree.leaves(loaded["encoder"]), jax.tree.leaves(drawn["encoder"])))
 
 
 def test_the_init_record_tells_weights_apart():
