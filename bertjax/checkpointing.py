@@ -289,10 +289,10 @@ class Checkpointer:
     """
     try:
       tree = ocp.StandardCheckpointHandler().metadata(self.step_dir(step) / "state").tree
+      saved = {m.name: tuple(m.shape) for m in jax.tree.leaves(tree)
+               if isinstance(m, ocp.metadata.ArrayMetadata)}
     except Exception:  # noqa: BLE001 — damaged or older: the restore says so
       return
-    saved = {m.name: tuple(m.shape) for m in jax.tree.leaves(tree)
-             if isinstance(m, ocp.metadata.ArrayMetadata)}
     wanted = {name: tuple(getattr(a, "shape", ()))  # a Python scalar: ()
               for name, a in ocp.tree.to_flat_dict(abstract_state, sep=".").items()
               if a is not None}
