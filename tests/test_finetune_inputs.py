@@ -169,6 +169,32 @@ def test_bad_inputs_get_one_sentence_before_any_work(tmp_path):
   assert sorted(p.name for p in tmp_path.iterdir()) == ["blocker", "numbers.csv", "words.csv"]
 
 
+@pytest.mark.parametrize("kind,module,package", [
+    ("classification", "sklearn", "scikit-learn"), ("regression", "scipy", "scipy"),
+    ("tagging", "seqeval", "seqeval")])
+def test_a_missing_metrics_library_is_named_before_the_init_is_read(
+    tmp_path, monkeypatch, kind, module, package):
+  # The metrics' libraries are the finetune extra; without one, the run
+  # stopped at its first evaluation, an epoch of training lost.
+  import importlib.util
+  find_spec = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec",
+                      lambda name, *a: None if name == module else find_spec(name, *a))
+  if kind == "tagging":  # a CoNLL file
+    rows = "the O\ncat B-ANIMAL\n\n"
+    config = _local(tmp_path, rows, rows, train_name="train.conll", eval_name="dev.conll")
+  else:
+    rows = "sentence,label\na cat,1\na dog,0\n"
+    config = _local(tmp_path, rows, rows, task_kind=kind)
+  assert tasks_lib.load(config).kind == kind
+  before = sorted(p.name for p in tmp_path.iterdir())
+  with pytest.raises(ValueError, match=(
+      rf"^The metrics of a {kind} task need {package}, which is not installed; "
+      r"install the finetune extra: pip install 'bertjax\[finetune\]'")):
+    loop.run(config, str(tmp_path / "no-such-init"), str(tmp_path / "ft"))
+  assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
 def _local(tmp_path, train: str, evals: str, train_name="train.csv", eval_name="dev.csv",
            **overrides):
   (tmp_path / train_name).write_bytes(train.encode() if isinstance(train, str) else train)

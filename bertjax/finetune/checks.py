@@ -4,10 +4,12 @@ Each check raises ValueError with one sentence naming the field and the fix,
 before the task's files or the init's weights are read (``check_config``,
 ``check_directories``) or, for what depends on the task (its metrics, its
 number of steps), right after the task's files are read and before the init
-is loaded (``check_main_metric``, ``check_steps``).
+is loaded (``check_main_metric``, ``check_metric_libraries``, ``check_steps``).
 """
 
 from __future__ import annotations
+
+import importlib.util
 
 from bertjax import config_validation
 from bertjax import guards
@@ -21,6 +23,24 @@ MIN_SEQ_LEN = 8
 # config.no_answer: QA may predict "no answer" when the task has unanswerable
 # questions ('auto'), always ('on') or never ('off').
 NO_ANSWER_MODES = ("auto", "on", "off")
+
+
+# The libraries each task kind's metrics import (metrics.py): the finetune
+# extra, not core dependencies. SQuAD's exact match and F1 are bertjax's own.
+METRIC_LIBRARIES = {"classification": ("sklearn", "scikit-learn"),
+                    "regression": ("scipy", "scipy"),
+                    "tagging": ("seqeval", "seqeval")}
+
+
+def check_metric_libraries(kind: str) -> None:
+  """Refuses, before the init is loaded, a task whose metrics need a library
+  that is not installed (without it the run failed at its first evaluation)."""
+  module, package = METRIC_LIBRARIES.get(kind, (None, None))
+  if module is not None and importlib.util.find_spec(module) is None:
+    raise ValueError(
+        f"The metrics of a {kind} task need {package}, which is not installed; "
+        "install the finetune extra: pip install 'bertjax[finetune]' (in a "
+        "checkout, pip install -e '.[finetune]').")
 
 
 def _fail(field: str, value, want: str) -> None:

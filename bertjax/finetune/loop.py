@@ -288,6 +288,7 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
   # The task's files are read before the init's weights: bad task input is
   # refused before anything is loaded onto a device.
   task = tasks_lib.load(config)
+  checks.check_metric_libraries(task.kind)
   if config.main_metric:
     checks.check_main_metric(config.main_metric, task.kind, task.num_outputs,
                              tasks_lib.predicts_no_answer(config, task))

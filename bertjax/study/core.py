@@ -297,6 +297,7 @@ def _check_tasks(tasks: Sequence[str], overrides: Sequence[str], epochs) -> None
     try:
       checks.check_config(config)
       loaded = tasks_lib.load(config)
+      checks.check_metric_libraries(loaded.kind)
       if config.main_metric:
         checks.check_main_metric(config.main_metric, loaded.kind, loaded.num_outputs,
                                  tasks_lib.predicts_no_answer(config, loaded))
