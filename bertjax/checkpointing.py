@@ -298,8 +298,10 @@ class Checkpointer:
               if a is not None}
     if not saved.keys() & wanted.keys():
       return  # names of another form (another orbax): the restore decides
-    # Parameters first: a user knows them; their optimizer moments follow.
-    order = lambda names: sorted(names, key=lambda n: (not n.startswith("params."), n))
+
+    def order(names):  # parameters first: a user knows them; their moments follow
+      return sorted(names, key=lambda n: (not n.startswith("params."), n))
+
     problems = [f"{n} is {saved[n]} in the checkpoint but {wanted[n]} in this config"
                 for n in order(saved.keys() & wanted.keys()) if saved[n] != wanted[n]]
     problems += [f"{n} is missing from the checkpoint"

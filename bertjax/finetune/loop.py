@@ -473,15 +473,15 @@ def _initial_state(model, tx, cfg, abstract_params, shardings, loaded, mesh):
                                       state_lib.dummy_inputs(cfg))["params"])
     return {k: params[k] for k in drawn}
 
+  if not cfg.random_init:  # before anything is drawn
+    want = jax.tree.map(lambda a: tuple(a.shape), abstract_params["encoder"])
+    if want != jax.tree.map(lambda a: tuple(np.shape(a)), loaded):
+      raise ValueError("The --init checkpoint's parameters do not fit the encoder its "
+                       "config describes; re-import it with bertjax.convert.")
   rng = jax.random.fold_in(jax.random.key(cfg.seed), 0x1417)
   with sharding.use_mesh(mesh):
     params = jax.jit(init, out_shardings={k: shardings.params[k] for k in drawn})(rng)
     if not cfg.random_init:
-      want = jax.tree.map(lambda a: tuple(a.shape), abstract_params["encoder"])
-      got = jax.tree.map(lambda a: tuple(np.shape(a)), loaded)
-      if want != got:
-        raise ValueError("The --init checkpoint's parameters do not fit the encoder its "
-                         "config describes; re-import it with bertjax.convert.")
       params["encoder"] = jax.device_put(
           jax.tree.map(lambda a: np.asarray(a, np.float32), loaded), shardings.params["encoder"])
     opt_state = jax.jit(tx.init, out_shardings=shardings.opt_state)(params)
