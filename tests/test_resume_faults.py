@@ -231,7 +231,7 @@ def test_a_state_of_another_shape_is_refused_before_any_array_is_read(
   def abstract(c):
     return state_lib.state_shardings(models.get_model(c), optim.make_optimizer(c), c, mesh)
 
-  same, shardings = abstract(config)
+  same, _ = abstract(config)
   checkpointer.check_fits(20, same)  # the config it was trained with fits
 
   def forbidden(*args, **kwargs):
