@@ -234,19 +234,19 @@ def test_window_arguments_are_checked():
 
 
 def test_layerwise_decay_factors_by_depth():
-  from bertjax.finetune import loop
+  from bertjax.finetune import layer_decay
   leaf = np.zeros((2, 3))
   params = {"encoder": {"embeddings": {"word_embeddings": {"embedding": leaf}},
                         "encoder": {"layer_0": {"k": leaf}, "layer_1": {"k": leaf}},
                         "pooler": {"kernel": leaf}},
             "head": {"out": {"kernel": leaf}}}
-  f = loop.layerwise_scales(params, 0.5)
+  f = layer_decay.layerwise_scales(params, 0.5)
   assert float(f["head"]["out"]["kernel"]) == 1.0
   assert float(f["encoder"]["encoder"]["layer_1"]["k"]) == 0.5  # top layer: decay^1
   assert float(f["encoder"]["encoder"]["layer_0"]["k"]) == 0.25
   assert float(f["encoder"]["embeddings"]["word_embeddings"]["embedding"]) == 0.125
   scanned = {"encoder": {"encoder": {"layers": {"k": np.zeros((3, 4, 4))}}}}
-  g = loop.layerwise_scales(scanned, 0.5)["encoder"]["encoder"]["layers"]["k"]
+  g = layer_decay.layerwise_scales(scanned, 0.5)["encoder"]["encoder"]["layers"]["k"]
   assert np.asarray(g).reshape(-1).tolist() == [0.125, 0.25, 0.5]
 
 

@@ -5,7 +5,8 @@ What is reused from pretraining, and what is not:
     state; an update with a NaN/Inf loss or gradient is not applied), with ``objective.FineTuneObjective`` as objective
     and ``heads.FineTuneModel`` as model;
   * the state and its sharded layout (``state.state_shardings``), the optimizer
-    (``optim.make_optimizer``, with layer-wise learning-rate decay chained on),
+    (``optim.make_optimizer``, with layer-wise learning-rate decay chained on:
+    ``layer_decay``),
     the mesh (``sharding``), the orbax checkpoints and their compatibility
     check (``checkpointing.Checkpointer``, ``compat``), the best checkpoint
     (``checkpointing.BestCheckpoint``, fed the negated main metric), the metric
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from typing import Any, Callable
 
@@ -39,7 +39,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 from absl import logging
 from etils import epath
 from flax import linen as nn
@@ -48,7 +47,6 @@ from bertjax import checkpointing
 from bertjax import compat
 from bertjax import guards
 from bertjax import metrics as metrics_lib
-from bertjax import optim
 from bertjax import sharding
 from bertjax import state as state_lib
 from bertjax import train
@@ -56,6 +54,7 @@ from bertjax import workdir_lock
 from bertjax.finetune import checks
 from bertjax.finetune import encoder_init
 from bertjax.finetune import features as features_lib
+from bertjax.finetune import layer_decay
 from bertjax.finetune import metrics as task_metrics
 from bertjax.finetune import objective as objective_lib
 from bertjax.finetune import predict as predict_lib
@@ -65,52 +64,6 @@ from bertjax.models import heads
 
 MAIN_METRIC = {"classification": "accuracy", "regression": "pearson",
                "tagging": "entity_f1", "qa": "f1"}
-
-
-# ----------------------------------------------------------------- the encoder
-
-
-def layerwise_scales(params: Any, decay: float) -> Any:
-  """Per-parameter learning-rate factors: ``decay ** depth`` where depth is 0 for
-  the head, L - i for encoder layer i of L, L + 1 for the embeddings (ELECTRA's
-  recipe). Scanned layers (leading 'layers' axis) get a factor per layer."""
-  names = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
-  found = [int(m.group(1)) for n in names for m in [re.search(r"'layer_(\d+)'", n)] if m]
-  scanned = [leaf.shape[0] for p, leaf in jax.tree_util.tree_flatten_with_path(params)[0]
-             if "'layers'" in jax.tree_util.keystr(p)]
-  num = max(found) + 1 if found else (scanned[0] if scanned else 0)
-
-  def scale(path, leaf):
-    name = jax.tree_util.keystr(path)
-    if not name.startswith("['encoder']"):
-      return jnp.ones((), jnp.float32)
-    m = re.search(r"'layer_(\d+)'", name)
-    if m:
-      return jnp.float32(decay ** (num - int(m.group(1))))
-    if "'layers'" in name:
-      f = decay ** (num - np.arange(leaf.shape[0]))
-      return jnp.asarray(f, jnp.float32).reshape((-1,) + (1,) * (leaf.ndim - 1))
-    if "embed" in name.lower():
-      return jnp.float32(decay ** (num + 1))
-    return jnp.ones((), jnp.float32)
-
-  return jax.tree_util.tree_map_with_path(scale, params)
-
-
-def make_optimizer(config, abstract_params) -> optax.GradientTransformation:
-  """The pretraining optimizer, its updates scaled per layer when
-  ``config.layer_decay`` < 1."""
-  tx = optim.make_optimizer(config)
-  if config.layer_decay >= 1.0:
-    return tx
-  scales = layerwise_scales(abstract_params, float(config.layer_decay))
-
-  def update(updates, state, params=None):
-    del params
-    return jax.tree.map(lambda u, f: u * f.astype(u.dtype), updates, scales), state
-
-  return optax.chain(tx, optax.GradientTransformation(
-      lambda _: optax.EmptyState(), update))
 
 
 # -------------------------------------------------------------------- the data
@@ -341,7 +294,7 @@ def _run_held(cfg, task, fields, loaded, tokenizer, train_feats, eval_feats, to_
       lambda r: nn.meta.unbox(model.init({"params": r, "dropout": r},
                                          state_lib.dummy_inputs(cfg))["params"]),
       jax.random.key(0))
-  tx = make_optimizer(cfg, abstract_params)
+  tx = layer_decay.make_optimizer(cfg, abstract_params)
   abstract, shardings = state_lib.state_shardings(model, tx, cfg, mesh)
 
   checkpointer = checkpointing.Checkpointer(workdir, keep=cfg.keep_checkpoints)
