@@ -280,7 +280,8 @@ def train_and_evaluate(config, workdir: str, *,
     # After the comparison, whose message is the clearer one where an
     # objective is set on another system's workdir.
     config_validation.check_variant(config)
-    prepare.check_inputs(config)  # e.g. text files that match nothing
+    # e.g. text files that match nothing (and were never prepared)
+    prepare.check_inputs(config, prepare.resolve_data_dir(config, workdir), workdir)
     lock = workdir_lock.hold(workdir, jax.process_index())
     try:
       return _train_and_evaluate(config, workdir, stop_at_step, preemption)

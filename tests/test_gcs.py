@@ -397,7 +397,7 @@ def test_verify_and_repair_of_a_gs_data_dir_check_the_bucket(gcs, demo_config, t
   assert paths.exists(target.path)
   # A refusal names the bucket the user gave, not this machine's mirror.
   other = _text_config(demo_config, f"{local_text}/[d-f]*.txt", prepare_workers=1)
-  with pytest.raises(ValueError, match="built from other text files") as info:
+  with pytest.raises(ValueError, match="was prepared from --config.text_files=") as info:
     prepare.prepare(other, data_dir)
   assert f"{data_dir}/bertjax_local_text/files" in str(info.value)
   assert paths.local_mirror(data_dir) not in str(info.value)

@@ -138,7 +138,7 @@ def test_local_text_skips_bad_files(demo_config, text_dir, tmp_path, caplog):
   # Same inputs: reused. Other inputs in the same data_dir: refused, nothing lost.
   before = _snapshot(data_dir)
   assert prepare.prepare(config, data_dir) == prepared
-  with pytest.raises(ValueError, match="built from other text files"):
+  with pytest.raises(ValueError, match="was prepared from --config.text_files="):
     prepare.prepare(_local_config(demo_config, f"{text_dir}/a*.txt"), data_dir)
   assert _snapshot(data_dir) == before
 
@@ -178,7 +178,8 @@ def test_unusable_local_text_is_an_error(demo_config, tmp_path, files, match):
   for name, data in files.items():
     (tmp_path / name).write_bytes(data)
   with pytest.raises(ValueError, match=match):
-    prepare.prepare(_local_config(demo_config, str(tmp_path / "*")), str(tmp_path / "data"))
+    prepare.prepare(_local_config(demo_config, ",".join(str(tmp_path / f) for f in files)),
+                    str(tmp_path / "data"))
   assert sorted(os.listdir(tmp_path)) == sorted([*files, "data"])
 
 
@@ -187,6 +188,53 @@ def test_no_matching_files_is_an_error(demo_config, tmp_path):
     prepare.prepare(_local_config(demo_config, str(tmp_path / "*.txt")), str(tmp_path))
   with pytest.raises(ValueError, match="--config.text_files"):
     prepare.prepare(_local_config(demo_config, ""), str(tmp_path))
+
+
+def test_prepared_text_outlives_its_files_and_names_what_changed(
+    demo_config, text_dir, tmp_path, caplog):
+  """A workdir prepared from files that are gone since resumes and evaluates
+  on its data; files that changed are refused naming the change, and a text
+  directory holding the run's own outputs is refused before anything is read."""
+  src = tmp_path / "src"
+  src.mkdir()
+  for path in sorted(text_dir.glob("*.txt"))[:6]:
+    (src / path.name).write_bytes(path.read_bytes())
+  config = _local_config(demo_config, f"{src}/*.txt")
+  data_dir = str(tmp_path / "data")
+  prepared = prepare.prepare(config, data_dir)
+  before = _snapshot(data_dir)
+
+  first = sorted(src.glob("*.txt"))[0]
+  kept = first.read_bytes()
+  first.write_bytes(kept + b" One more sentence.")
+  with pytest.raises(ValueError, match=rf"have changed since .*1 resized \({first}\)"):
+    prepare.prepare(config, data_dir)
+  first.write_bytes(kept)
+  (src / "zz_new.txt").write_text("A new file. It was not there before.")
+  with pytest.raises(ValueError, match=r"1 added .*zz_new\.txt.*put them back"):
+    prepare.prepare(config, data_dir)
+  (src / "zz_new.txt").unlink()
+  assert _snapshot(data_dir) == before
+
+  src.rename(tmp_path / "moved")
+  prepare.check_inputs(config, data_dir)
+  with caplog.at_level(logging.WARNING):
+    assert prepare.prepare(config, data_dir) == prepared
+  assert "matches no files now" in caplog.text
+  assert _snapshot(data_dir) == before
+  with pytest.raises(ValueError, match="matches no files"):  # nothing prepared there
+    prepare.check_inputs(config, str(tmp_path / "other"))
+
+  # A directory or glob that names the run's workdir or data_dir, made or not.
+  moved = tmp_path / "moved"
+  for text_files, workdir in [(moved, moved / "run"), (f"{moved}/*", moved / "run"),
+                              (f"{moved}/**", moved / "a" / "run")]:
+    with pytest.raises(ValueError, match=r"reads every file under .*run.*\*\.txt"):
+      prepare.check_inputs(_local_config(demo_config, str(text_files)),
+                           str(workdir / "data"), str(workdir))
+  prepare.check_inputs(_local_config(demo_config, f"{moved}/*.txt"),
+                       str(moved / "run" / "data"), str(moved / "run"))
+  prepare.check_inputs(_local_config(demo_config, str(moved)), data_dir, str(tmp_path / "run"))
 
 
 def test_unprepared_public_dataset_is_not_downloaded(demo_config, tmp_path):

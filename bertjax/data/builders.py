@@ -20,6 +20,7 @@ for TFDS by bertjax/data/staged.py. Text datasets have features
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import hashlib
 import os
@@ -129,17 +130,21 @@ class BertjaxPythonDocs(OfflineBuilder):
 LOCAL_TEXT_CONFIGS = ("files", "paragraphs")
 
 
-def resolve_text_files(text_files: str) -> list[str]:
+def resolve_text_files(text_files: str, outputs: Sequence[str] = ()) -> list[str]:
   """Expands comma-separated paths, globs and directories into sorted unique
-  files; refuses, in one sentence, a local one that cannot be read."""
+  files; refuses, in one sentence, a local one that cannot be read, and a
+  pattern that would read one of ``outputs`` (the run's workdir or data_dir,
+  made or not yet) as text."""
   out = []
   for pattern in (p.strip() for p in text_files.split(",")):
     if not pattern:
       continue
     if paths.is_remote(pattern):
+      _refuse_reading_outputs(paths.absolute(pattern), pattern, outputs)
       out.extend(_resolve_remote(pattern))
       continue
     pattern = os.path.expanduser(pattern)
+    _refuse_reading_outputs(os.path.abspath(pattern), pattern, outputs)
     for match in sorted(glob.glob(pattern, recursive=True)):
       if os.path.isdir(match):
         out.extend(sorted(
@@ -149,6 +154,36 @@ def resolve_text_files(text_files: str) -> list[str]:
   files = list(dict.fromkeys(out))
   _require_readable(files)
   return files
+
+
+def _matches(pattern: str, path: str) -> bool:
+  """Whether glob ``pattern`` (absolute) names ``path`` itself, component by
+  component; a trailing ``**`` names everything under its prefix."""
+  want, have = pattern.rstrip("/").split("/"), path.rstrip("/").split("/")
+  if "**" in want:
+    cut = want.index("**")
+    if cut != len(want) - 1:  # '**/*.txt': files by name, not whole directories
+      return False
+    want, have = want[:cut], have[:cut]
+  return len(want) == len(have) and all(
+      fnmatch.fnmatchcase(h, w) for h, w in zip(have, want))
+
+
+def _refuse_reading_outputs(pattern: str, given: str, outputs: Sequence[str]) -> None:
+  """ValueError when ``pattern`` names one of ``outputs`` or a directory
+  above it: every file under a named directory is read."""
+  for output in outputs:
+    output = paths.absolute(output)
+    parts = output.rstrip("/").split("/")
+    if any(_matches(pattern, "/".join(parts[:n])) for n in range(len(parts), 1, -1)):
+      narrower = (os.path.join(given, "*.txt") if not glob.has_magic(given)
+                  else os.path.join(os.path.dirname(given), "*.txt"))
+      raise ValueError(
+          f"--config.text_files={given!r} reads every file under {output} (the "
+          f"run's workdir or data_dir), so the run would read its own "
+          f"checkpoints, logs and shards as text; keep the workdir and data_dir "
+          f"outside the text files' directories, or name only the text files, "
+          f"e.g. --config.text_files={narrower!r}.")
 
 
 def _require_readable(files: Sequence[str]) -> None:

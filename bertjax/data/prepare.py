@@ -243,7 +243,7 @@ def prepare(config, data_dir: str, *, beam_runner: str = "",
   engine = engine_of(config, beam_runner, beam_options)
   if paths.is_remote(data_dir):  # the clearer message for local text files
     _check_beam_inputs(config, data_dir, engine)
-  check_inputs(config)
+  check_inputs(config, data_dir)
   # A file where a directory is to be written is refused before any write.
   layout.check_data_dir(config, data_dir)
   spans = (knowledge.Settings.from_config(config)
@@ -256,10 +256,11 @@ def prepare(config, data_dir: str, *, beam_runner: str = "",
     workers.shutdown()
 
 
-def check_inputs(config) -> None:
+def check_inputs(config, data_dir: str | None = None, workdir: str | None = None) -> None:
   """Refuses, reading only and before any directory is made, a dataset,
   split or tokenizer that is not set or not known, or local text files that
-  match nothing (each input of a mixture too)."""
+  match nothing (each input of a mixture too) unless ``data_dir`` holds the
+  text prepared from them, or whose directories hold the workdir or data_dir."""
   if not config.get("dataset"):
     raise ValueError("config.dataset is empty; set --config.dataset, e.g. bertjax_python_docs.")
   if not config.get("train_split"):
@@ -268,11 +269,14 @@ def check_inputs(config) -> None:
     raise ValueError(
         f"Unknown tokenizer type {config.tokenizer!r}; set --config.tokenizer to "
         f"one of {', '.join(tokenizer_lib.MODEL_TYPES)}.")
-  inputs = [(c.dataset, c.text_files) for c in mixture.parse(config)] or [
-      (config.dataset, config.get("text_files", ""))]
-  for dataset, text_files in inputs:
+  outputs = tuple(p for p in (workdir, data_dir) if p)
+  corpora = mixture.parse(config)
+  inputs = [(c.dataset, c.text_files,
+             mixture.text_dir(data_dir, c) if data_dir else None) for c in corpora] or [
+      (config.dataset, config.get("text_files", ""), data_dir)]
+  for dataset, text_files, root in inputs:
     if dataset.partition("/")[0] == "bertjax_local_text":
-      text_sources.local_text_files(dataset, text_files)
+      text_sources.local_text_files(dataset, text_files, root, outputs)
 
 
 def _prepare_mirrored(config, data_dir: str, spans,

@@ -25,6 +25,7 @@ from typing import Any, Iterable
 from absl import logging
 import tensorflow_datasets as tfds
 
+from bertjax import paths
 from bertjax.data import bucket_units
 from bertjax.data import builders
 from bertjax.data import shards
@@ -37,6 +38,7 @@ OWN_DATASETS = ("bertjax_python_docs", "bertjax_local_text")
 _TF_EXTRA_HINT = ("prepare it as array_record, which bertjax reads by index "
                   "(tfds build {name} --file_format=array_record)")
 _LOCAL_VERSION = "1.0.0"
+_LISTED_FILES = 10_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,10 +101,14 @@ def _python_docs(data_dir: str) -> str:
   return os.fspath(builder.data_path)
 
 
-def local_text_files(dataset: str, text_files: str) -> list[str]:
+def local_text_files(dataset: str, text_files: str, data_dir: str | None = None,
+                     outputs: tuple[str, ...] = ()) -> list[str]:
   """The files a ``bertjax_local_text`` input reads (reading only: globs
   resolved, nothing opened); ValueError with the fix when its config name is
-  unknown, no files are given or none match."""
+  unknown, no files are given, a directory read whole holds one of ``outputs``
+  (the run's workdir and data_dir), or none match. None match but ``data_dir``
+  holds the text dataset prepared from the same ``text_files``: [] (the data
+  is there; the files may have moved since)."""
   cfg = dataset.partition("/")[2] or "files"
   if cfg not in builders.LOCAL_TEXT_CONFIGS:
     raise ValueError(
@@ -112,25 +118,78 @@ def local_text_files(dataset: str, text_files: str) -> list[str]:
     raise ValueError(
         "bertjax_local_text needs input files; set --config.text_files to "
         "comma-separated paths or globs of UTF-8 text files.")
-  paths = builders.resolve_text_files(text_files)
-  if not paths:
+  found = builders.resolve_text_files(text_files, outputs)
+  if not found:
+    if data_dir is not None and _prepared_from(local_text_dir(data_dir, dataset),
+                                               text_files):
+      return []
     raise ValueError(builders.no_files_message(text_files))
-  return paths
+  return found
+
+
+def local_text_dir(data_dir: str, dataset: str) -> str:
+  """Where the text dataset of a ``bertjax_local_text`` input is built."""
+  cfg = dataset.partition("/")[2] or "files"
+  return os.path.join(data_dir, "bertjax_local_text", cfg, _LOCAL_VERSION)
+
+
+def _stored(dataset_dir: str) -> dict[str, Any] | None:
+  """The metadata of the text dataset published at ``dataset_dir``, or None."""
+  if not staged.is_published(dataset_dir):
+    return None
+  return dict(tfds.builder_from_directory(dataset_dir).info.metadata or {})
+
+
+def _prepared_from(dataset_dir: str, text_files: str) -> bool:
+  stored = _stored(dataset_dir)
+  return stored is not None and stored.get("text_files") == text_files
+
+
+def _changed_files(stored: dict[str, Any], files: list[tuple[str, int]]) -> str:
+  """'2 added (…/c.txt, …), 1 removed (…)' between the recorded files and
+  ``files``; '' when the record predates the per-file list."""
+  if "files" not in stored:
+    return ""
+  then, now = dict(map(tuple, stored["files"])), dict(files)
+  parts = []
+  for what, names in (
+      ("added", [p for p in now if p not in then]),
+      ("removed", [p for p in then if p not in now]),
+      ("resized", [p for p in now if p in then and now[p] != then[p]])):
+    if names:
+      parts.append(f"{len(names)} {what} ({', '.join(names[:2])}"
+                   f"{', …' if len(names) > 2 else ''})")
+  return ", ".join(parts)
 
 
 def _local_text(config, data_dir: str, engine: Engine) -> str:
   """Builds (if missing) the text dataset of config.text_files; returns its directory."""
   cfg = config.dataset.partition("/")[2] or "files"
-  paths = local_text_files(config.dataset, config.get("text_files", ""))
-  fingerprint = builders.files_fingerprint(paths)
-  dataset_dir = os.path.join(data_dir, "bertjax_local_text", cfg, _LOCAL_VERSION)
-  if staged.is_published(dataset_dir):
-    stored = tfds.builder_from_directory(dataset_dir).info.metadata
+  text_files = config.get("text_files", "")
+  found = local_text_files(config.dataset, text_files, data_dir, (data_dir,))
+  dataset_dir = local_text_dir(data_dir, config.dataset)
+  stored = _stored(dataset_dir)
+  if stored is not None and not found:
+    logging.warning(
+        "--config.text_files=%r matches no files now; using the text dataset "
+        "prepared from them in %s.", text_files, dataset_dir)
+    return dataset_dir
+  files = [(paths.absolute(p), builders.file_size(p)) for p in found]
+  fingerprint = builders.files_fingerprint(found)
+  if stored is not None:
     if stored.get("files_fingerprint") != fingerprint:
+      if stored.get("text_files") != text_files:
+        raise ValueError(
+            f"{dataset_dir} was prepared from --config.text_files="
+            f"{stored.get('text_files')!r}, not {text_files!r}; point "
+            f"--config.data_dir at a new directory to prepare {text_files!r}.")
+      changes = _changed_files(stored, files)
       raise ValueError(
-          f"{dataset_dir} was built from other text files "
-          f"({stored.get('text_files')!r}); point --config.data_dir at a new "
-          f"directory to prepare {config.text_files!r}.")
+          f"The files of --config.text_files={text_files!r} have changed since "
+          f"{dataset_dir} was prepared from them"
+          f"{' (' + changes + ')' if changes else ''}; put them back as they "
+          f"were to go on with that data, or point --config.data_dir at a new "
+          f"directory to prepare them anew.")
     logging.info("Reusing text dataset %s.", dataset_dir)
     return dataset_dir
 
@@ -139,13 +198,13 @@ def _local_text(config, data_dir: str, engine: Engine) -> str:
       f"{fingerprint}|{cfg}|{engine.block_bytes}".encode()).hexdigest()[:16]
   stage = staged.Stage(dataset_dir, "bertjax_local_text", plan)
   stage.clear_other_plans()
-  groups = units.plan_text(paths, engine.block_bytes)
+  groups = units.plan_text(found, engine.block_bytes)
   tasks = [units.TextTask(i, tuple(g), cfg == "paragraphs", dataset_dir,
                           "bertjax_local_text", plan)
            for i, g in enumerate(groups)]
   todo = [t for t in tasks if stage.receipt(t.index) is None]
   logging.info("Reading %d text files (%.1f MB) in %d units, %d to do ...",
-               len(paths), sum(builders.file_size(p) for p in paths) / 1e6,
+               len(found), sum(size for _, size in files) / 1e6,
                len(tasks), len(todo))
   engine.run(units.run_text, todo, workers.Progress(
       "text", sum(sum(min(p.end, p.size) - p.start for p in t.pieces) for t in todo),
@@ -163,7 +222,7 @@ def _local_text(config, data_dir: str, engine: Engine) -> str:
     problems = "; ".join(f"{len(p)} {r}: {', '.join(p[:5])}"
                          for r, p in sorted(skipped.items()))
     raise ValueError(
-        f"None of the {len(paths)} files of --config.text_files is usable "
+        f"None of the {len(found)} files of --config.text_files is usable "
         f"({problems}); pass non-empty UTF-8 text files.")
   if docs < 2:
     stage.remove()
@@ -176,10 +235,13 @@ def _local_text(config, data_dir: str, engine: Engine) -> str:
   sentences = {split: sum(r["stats"]["sentences"].get(split, 0) for r in receipts)
                for split in ("train", "validation")}
   stage.publish(len(tasks), ["train", "validation"], builders.text_features(), {
-      "text_files": config.text_files, "files_fingerprint": fingerprint,
+      "text_files": text_files, "files_fingerprint": fingerprint,
+      # The per-file list names what changed when the files do (up to a size
+      # a metadata file carries well).
+      **({"files": [list(f) for f in files]} if len(files) <= _LISTED_FILES else {}),
       "num_sentences": sentences}, "The user's text files, split into sentences.")
   logging.info("Built %s in %.1f s: %d documents from %d files.", config.dataset,
-               time.time() - start, docs, len(paths))
+               time.time() - start, docs, len(found))
   return dataset_dir
 
 
