@@ -27,6 +27,11 @@ from bertjax.data import sentences
     ("First paragraph\nwraps here.\n\nSecond one.",
      ["First paragraph wraps here.", "Second one."]),
     ("   \n\n  ", []),
+    # Scripts whose sentences start without an ASCII capital, or end without a space.
+    ("Это первое. Это второе! А третье?", ["Это первое.", "Это второе!", "А третье?"]),
+    ("机器学习是一个分支。它研究算法！真的吗？", ["机器学习是一个分支。", "它研究算法！", "真的吗？"]),
+    ("هذه جملة. وهذه أخرى؟ نعم", ["هذه جملة.", "وهذه أخرى؟", "نعم"]),
+    ("यह पहला वाक्य है। यह दूसरा है।", ["यह पहला वाक्य है।", "यह दूसरा है।"]),
 ])
 def test_split_sentences(text, want):
   assert sentences.split_sentences(text) == want
@@ -34,6 +39,9 @@ def test_split_sentences(text, want):
 
 def test_split_paragraphs_collapses_whitespace():
   assert sentences.split_paragraphs("a  b\n c\n\n\n\td  e\n") == ["a b c", "d e"]
+  # Windows line ends: a blank line is still a paragraph break.
+  assert sentences.split_paragraphs("a b\r\n c\r\n\r\nd e\r\n \r\nf\r\n") == [
+      "a b c", "d e", "f"]
 
 
 def test_clean_text_keeps_prose_and_drops_code_and_markup():

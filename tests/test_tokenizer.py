@@ -105,6 +105,18 @@ def test_unseen_scripts_fall_back_to_bytes(tmp_path, small_corpus):
     assert tok.decode(ids) == _UNSEEN
 
 
+def test_a_sentence_longer_than_sentencepiece_takes_still_trains_the_vocabulary(
+    tmp_path, small_corpus):
+  # sentencepiece's trainer silently skips a sentence over 4192 bytes: a
+  # paragraph the splitter cannot cut (another script, a one-line file) used
+  # to leave its words out of the vocabulary.
+  long = " ".join(["zqxjv"] * 3000)  # 18 KB, one "sentence"
+  assert len(long.encode()) > 4192
+  tok = tokenizer_lib.train(small_corpus[:200] + [long], str(tmp_path / "t.model"), 400)
+  ids, _ = tok.encode("zqxjv zqxjv")
+  assert [tok.id_to_piece(i) for i in ids] == ["\u2581zqxjv"] * 2
+
+
 def test_tokenizer_without_byte_fallback_still_loads(tmp_path, small_corpus):
   """A model trained before byte fallback (same special ids) loads, as 'unigram'."""
   path = str(tmp_path / "old.model")

@@ -83,7 +83,8 @@ def _draws_nsp_negatives(config: Any) -> bool:
 def _few_documents_message(config: Any, split: str, count: int) -> str:
   return (f"Split {split!r} has {count} document(s), but NSP draws its negatives "
           f"from other documents, so with fewer than 2 every pair is positive "
-          f"and NSP accuracy is a meaningless 1.0; add documents (more files, or "
+          f"and NSP accuracy measures nothing (only how often the model says "
+          f"'is next'); add documents (more files, or "
           f"--config.dataset=bertjax_local_text/paragraphs) or train a config "
           f"without NSP such as configs/roberta.py or configs/spanbert.py.")
 
@@ -92,7 +93,8 @@ def check_pair_documents(config: Any, split: str, count: int, *,
                          refuse: bool) -> None:
   """Refuses (training) or warns about (evaluation) NSP over < 2 documents.
 
-  Training is refused: a run would learn nothing from NSP and report 1.0.
+  Training is refused: a run would learn nothing from NSP (every label is
+  'is next').
   Evaluation only warns, because it runs after training and its MLM figures
   are still sound; the NSP accuracy it prints is then meaningless.
   """

@@ -1,12 +1,15 @@
-"""A small rule-based sentence splitter for English prose.
+"""A small rule-based sentence splitter, for English prose first.
 
 BERT's sentence-level objectives (NSP, SOP) and the packing layouts need
 documents as lists of sentences. This splitter is deliberately simple and
 deterministic (no model, no nltk): text is cut into paragraphs at blank lines,
 and a paragraph is cut after ``.``, ``!`` or ``?`` (optionally followed by
-closing quotes or brackets) when whitespace and then an upper-case letter, a
-digit or an opening quote/bracket follow, unless the word before the full stop
-is a known abbreviation (``e.g.``, ``Mr.``, ``etc.``) or a single initial.
+closing quotes or brackets) when whitespace and then an upper-case letter
+(Latin, Greek, Cyrillic), a letter of a caseless script, a digit or an
+opening quote/bracket follow, unless the word before the full stop is a known
+abbreviation (``e.g.``, ``Mr.``, ``etc.``) or a single initial; and after the
+sentence ends of Chinese and Japanese (``。！？``), Arabic (``؟``), Urdu (``۔``)
+and Hindi (``।``), which need no space after them.
 Decimals (``3.14``) and dotted names (``os.path``) never split because no
 whitespace follows their dot.
 """
@@ -26,10 +29,21 @@ ABBREVIATIONS = frozenset({
     "sep", "sept", "oct", "nov", "dec", "u.s", "u.k", "ph.d", "a.m", "p.m",
 })
 
+# What can start a sentence after ". ": an upper-case Latin, Greek or
+# Cyrillic letter, a digit, or a letter of a script without case (Hebrew,
+# Arabic, Devanagari, kana, CJK ideographs, Hangul).
+_STARTS = ("A-Z0-9\u0391-\u03a9\u0400-\u042f\u05d0-\u05ea\u0620-\u064a"
+           "\u0900-\u0939\u3040-\u30ff\u4e00-\u9fff\uac00-\ud7a3")
 # A candidate boundary: terminal punctuation, optional closers, whitespace,
-# then something that can start a sentence.
-_BOUNDARY = re.compile(r"""[.!?]+["'\u201d\u2019)\]]*\s+(?=["'\u201c\u2018(\[]?[A-Z0-9])""")
-_PARAGRAPH = re.compile(r"\n[ \t]*\n\s*")
+# then something that can start a sentence; or a full-width (CJK) or Arabic,
+# Urdu or Devanagari sentence end, which needs no space after it.
+_BOUNDARY = re.compile(
+    r"""[.!?]+["'\u201d\u2019)\]]*\s+(?=["'\u201c\u2018(\[]?[""" + _STARTS + r"""])"""
+    r"""|[\u3002\uff01\uff1f\u061f\u06d4\u0964\u0965]+"""
+    r"""["'\u201d\u2019)\]\u300d\u300f\uff09]*\s*(?=\S)""")
+# A blank line: two line ends with only spaces, tabs or carriage returns
+# (CRLF files) between them.
+_PARAGRAPH = re.compile(r"\n[^\S\n]*\n\s*")
 _WHITESPACE = re.compile(r"\s+")
 _LAST_WORD = re.compile(r"(\S+)$")
 

@@ -15,7 +15,7 @@ import hashlib
 import io
 import os
 import re
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import numpy as np
 import sentencepiece as spm
@@ -177,6 +177,29 @@ class Tokenizer:
     return self._sp.piece_to_id(piece)
 
 
+# sentencepiece's trainer skips, without a word, every sentence longer than
+# its max_sentence_length (4192 bytes): a paragraph the splitter could not cut
+# (a script it does not know, a one-line file) would never reach the
+# vocabulary. Longer ones are given to it in pieces of at most this many bytes.
+_TRAINER_LINE_BYTES = 4096
+
+
+def _trainer_lines(sentence: str) -> Iterator[str]:
+  """``sentence`` in pieces of at most _TRAINER_LINE_BYTES UTF-8 bytes, cut at
+  the last space before the limit (within a character where there is none)."""
+  data = sentence.encode("utf-8")
+  while len(data) > _TRAINER_LINE_BYTES:
+    cut = data.rfind(b" ", _TRAINER_LINE_BYTES // 2, _TRAINER_LINE_BYTES + 1)
+    if cut <= 0:
+      cut = _TRAINER_LINE_BYTES
+      while cut and data[cut] & 0xC0 == 0x80:  # not inside a character
+        cut -= 1
+    yield data[:cut].decode("utf-8")
+    data = data[cut:].lstrip(b" ")
+  if data:
+    yield data.decode("utf-8")
+
+
 def train(sentences: Iterable[str], model_path: str, vocab_size: int,
           model_type: str = "unigram", num_threads: int = 1) -> Tokenizer:
   """Trains a sentencepiece model on sentences and writes it to ``model_path``.
@@ -210,7 +233,7 @@ def train(sentences: Iterable[str], model_path: str, vocab_size: int,
   def nonempty():
     for sentence in sentences:
       if sentence.strip():
-        yield sentence
+        yield from _trainer_lines(sentence)
 
   spm.set_random_generator_seed(_TRAIN_SEED)
   model = io.BytesIO()
