@@ -91,7 +91,7 @@ def _squad_rows(path: str, text: str) -> list[dict[str, Any]]:
   except json.JSONDecodeError as e:
     raise ValueError(f"{path} is not valid JSON ({e.msg}, line {e.lineno}); a .json "
                      "task file is a SQuAD file (a .jsonl file holds one row a line).") from None
-  rows = []
+  rows, spans = [], []
   try:
     for article in squad["data"]:
       for para in article["paragraphs"]:
@@ -101,11 +101,40 @@ def _squad_rows(path: str, text: str) -> list[dict[str, Any]]:
                        "question": str(qa["question"]),
                        "answers": [str(a["text"]) for a in answers],
                        "answer_start": int(answers[0]["answer_start"]) if answers else -1})
+          spans.append([(str(a["text"]), int(a["answer_start"]))
+                        for a in answers if "answer_start" in a])
   except (KeyError, TypeError, ValueError, AttributeError) as e:
     what = f"no {e.args[0]!r}" if isinstance(e, KeyError) else "an entry of another shape"
     raise ValueError(f"{path} is not a SQuAD file ({what}); a .json task file must be "
                      f"laid out as SQuAD's: {_SQUAD_LAYOUT}.") from None
+  for n, (row, given) in enumerate(zip(rows, spans), 1):
+    for text, start in given:
+      _check_answer(path, n, row["id"], row["context"], text, start)
   return rows
+
+
+def _check_answer(path: str, n: int, qid: str, context: str, text: str, start: int):
+  """ValueError unless ``text`` is the context's characters from ``start`` on,
+  exactly (whitespace included; SQuAD's own offsets match so). A mismatched
+  span used to be trained on silently as other characters, or as "no answer"
+  where it covered no token."""
+  question = f"{path} question {n} (id {qid!r})"
+  if not text:
+    raise ValueError(f"{question} has an empty answer text; give the answer's text, or "
+                     '"answers": [] for a question the context does not answer.')
+  end = start + len(text)
+  if 0 <= start and end <= len(context) and context[start:end] == text:
+    return
+  there = (f"the context holds {context[start:end]!r} there"
+           if 0 <= start and end <= len(context) else
+           f"that runs outside the context ({len(context)} characters)")
+  found = context.find(text)
+  hint = (f"{text!r} first occurs at {found}" if found >= 0
+          else f"{text!r} does not occur in the context")
+  raise ValueError(f"{question} gives the answer {text!r} at answer_start {start}, but "
+                   f"{there}; answer_start counts the context's characters from 0 "
+                   f"({hint}), so set it to where the answer's text starts, or fix "
+                   "the text.")
 
 
 def _conll_rows(path: str, text: str, labelled: bool = True) -> list[dict[str, Any]]:
