@@ -91,3 +91,86 @@ def test_a_bad_answer_start_is_refused_before_the_init_is_read(tmp_path):
   with pytest.raises(ValueError, match=r"train\.json question 1 \(id 'q1'\) gives the answer"):
     loop.run(config, str(tmp_path / "no-such-init"), str(tmp_path / "ft"))
   assert not (tmp_path / "ft").exists()
+
+
+def _jsonl(*labels) -> str:
+  return "".join(json.dumps({"sentence": f"row {n}", "label": label}) + "\n"
+                 for n, label in enumerate(labels, 1))
+
+
+_WORDS = "sentence,label\na cat,pos\na dog,neg\n"
+
+
+@pytest.mark.parametrize("train,evals,names,message", [
+    # An empty label cell used to become the class "" (the eval files
+    # refused it only as a label the train files lack).
+    ("sentence,label\nhello there,pos\nbye now,neg\nno label here,\n", _WORDS,
+     ("train.csv", "dev.csv"), r"train\.csv line 4 has no label in column 'label'"),
+    ("sentence\tlabel\nhello\tpos\nbye\tneg\nblank\t \n", "sentence\tlabel\nhi\tpos\n",
+     ("train.tsv", "dev.tsv"), r"train\.tsv line 4 has no label in column 'label'"),
+    (_jsonl("pos", "neg", ""), _jsonl("pos"), ("train.jsonl", "dev.jsonl"),
+     r"train\.jsonl line 3 has no label in column 'label'; give every row its label"),
+    (_WORDS, "sentence,label\nfine,pos\nodd,\n", ("train.csv", "dev.csv"),
+     r"dev\.csv line 3 has no label in column 'label'"),
+    # JSON labels written several ways used to become one class per way:
+    # 1, 0, 1.0, true gave "1", "0", "1.0", "True".
+    (_jsonl(1, 0, 1.0, True), _jsonl(1, 0), ("train.jsonl", "dev.jsonl"),
+     r"train\.jsonl line 3 has the label 1\.0 \(a number with a decimal point\) in "
+     r"column 'label', where line 1 has 1 \(a whole number\); write every label the "
+     r"same way \(all strings, all whole numbers or all true/false\)"),
+    (_jsonl("pos", "neg", True), _jsonl("pos"), ("train.jsonl", "dev.jsonl"),
+     r"train\.jsonl line 3 has the label true \(true/false\) in column 'label', where "
+     r"line 1 has \"pos\" \(a string\)"),
+    (_jsonl(1, 0), _jsonl(1, "0"), ("train.jsonl", "dev.jsonl"),
+     r"dev\.jsonl line 2 has the label \"0\" \(a string\) in column 'label', where "
+     r"line 1 has 1 \(a whole number\)"),
+    (_jsonl("pos", ["neg"]), _jsonl("pos"), ("train.jsonl", "dev.jsonl"),
+     r"train\.jsonl line 2 has the label \[\"neg\"\] in column 'label', a JSON list; "
+     r"a label is a string, a number or true/false"),
+], ids=["empty_csv", "blank_tsv", "empty_jsonl", "empty_in_eval", "int_float_bool",
+        "string_bool", "int_string_in_eval", "list"])
+def test_label_cells_that_would_become_classes_of_their_own_are_refused(
+    tmp_path, train, evals, names, message):
+  with pytest.raises(ValueError, match=message):
+    tasks_lib.load(_local(tmp_path, train, evals, *names))
+
+
+def test_labels_of_one_class_written_apart_are_refused_across_files(tmp_path):
+  (tmp_path / "more.jsonl").write_text(_jsonl(0.0, 1.0))
+  config = _local(tmp_path, _jsonl(1, 0), _jsonl(1, 0), "train.jsonl", "dev.jsonl")
+  config.train_files += f",{tmp_path / 'more.jsonl'}"
+  with pytest.raises(ValueError, match=(
+      rf"^{re.escape(str(tmp_path / 'more.jsonl'))} line 1 has the label 0\.0 \(a number "
+      rf"with a decimal point\) in column 'label', where "
+      rf"{re.escape(str(tmp_path / 'train.jsonl'))} line 1 has 1 \(a whole number\)")):
+    tasks_lib.load(config)
+
+
+def test_labels_written_one_way_are_classes_and_regression_reads_numbers(tmp_path):
+  # Spaces around a label cell (a CSV written "text, label") are not part of it.
+  task = tasks_lib.load(_local(tmp_path, "sentence,label\na, pos\nb,neg\nc,pos \n",
+                               _WORDS, "train.csv", "dev.csv"))
+  assert task.label_names == ("neg", "pos")
+  assert [ex["label"] for ex in task.train] == [1, 0, 1]
+  for train, evals, names in [((0, 1, 0), (1, 0), ("0", "1")),
+                              ((0.0, 1.0), (1.0,), ("0.0", "1.0")),
+                              ((True, False), (True,), ("False", "True")),
+                              ((1, 0), ("1", "0"), ("0", "1"))]:
+    task = tasks_lib.load(_local(tmp_path, _jsonl(*train), _jsonl(*evals),
+                                 "train.jsonl", "dev.jsonl"))
+    assert task.label_names == names
+  # Regression reads numbers; true is not one.
+  with pytest.raises(ValueError, match=r"has the label True in column 'label' \(line 3\)"):
+    tasks_lib.load(_local(tmp_path, _jsonl(0.5, 2, True), _jsonl(1.5), "train.jsonl",
+                          "dev.jsonl", task_kind="regression"))
+  task = tasks_lib.load(_local(tmp_path, _jsonl(0.5, 2, "3"), _jsonl(1.5), "train.jsonl",
+                               "dev.jsonl", task_kind="regression"))
+  assert [ex["label"] for ex in task.train] == [0.5, 2.0, 3.0]
+
+
+def test_an_empty_label_is_refused_before_the_init_is_read(tmp_path):
+  config = _local(tmp_path, "sentence,label\nhello there,pos\nbye now,neg\nno label here,\n",
+                  _WORDS, "train.csv", "dev.csv")
+  with pytest.raises(ValueError, match=r"train\.csv line 4 has no label"):
+    loop.run(config, str(tmp_path / "no-such-init"), str(tmp_path / "ft"))
+  assert not (tmp_path / "ft").exists()

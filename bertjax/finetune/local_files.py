@@ -205,7 +205,7 @@ def _number(row: dict[str, Any], config) -> float:
   the column, the value and the fix."""
   value = row[config.label_field]
   try:
-    number = float(value)
+    number = None if isinstance(value, bool) else float(value)  # JSON's true is no number
   except (TypeError, ValueError):
     number = None
   if number is None or not np.isfinite(number):
@@ -216,6 +216,52 @@ def _number(row: dict[str, Any], config) -> float:
         "--config.task_kind=classification for labels that are names, or make "
         "every label in that column a number.")
   return number
+
+
+def _class_name(row: dict[str, Any], config, labelled: bool) -> str | None:
+  """The class of a local table row: its label as text, without the spaces
+  around it (a CSV written "text, label"); None for a row to predict that has
+  none. ValueError for an empty label, which used to become a class "", and for
+  a JSON list or object."""
+  value = row.get(config.label_field)
+  if isinstance(value, (list, dict)):
+    raise ValueError(
+        f"{_where(row)} has the label {_json(value)} in column {config.label_field!r}, a "
+        f"JSON {'list' if isinstance(value, list) else 'object'}; a label is a string, a "
+        "number or true/false.")
+  name = "" if value is None else str(value).strip()
+  if name or not labelled:
+    return name or None
+  raise ValueError(f"{_where(row)} has no label in column {config.label_field!r}; give "
+                   "every row its label, or leave the row out.")
+
+
+def _written(value) -> str:
+  """How a label is written. str() makes each way a class of its own (1 is
+  "1", 1.0 is "1.0", true is "True"), so a split writes all of its labels one way."""
+  if isinstance(value, bool):
+    return "true/false"
+  if isinstance(value, int):
+    return "a whole number"
+  return "a number with a decimal point" if isinstance(value, float) else "a string"
+
+
+def _json(value) -> str:
+  return json.dumps(value, ensure_ascii=False)
+
+
+def _check_written_alike(rows: list[dict[str, Any]], field: str):
+  """ValueError at the first row whose label is written another way than the
+  first row's (``_written``; a CSV cell is a string)."""
+  first = rows[0]
+  for r in rows[1:]:
+    if _written(r[field]) != _written(first[field]):
+      there = f"line {first[LINE]}" if first[SOURCE] == r[SOURCE] else _where(first)
+      raise ValueError(
+          f"{_where(r)} has the label {_json(r[field])} ({_written(r[field])}) in column "
+          f"{field!r}, where {there} has {_json(first[field])} ({_written(first[field])}); "
+          "write every label the same way (all strings, all whole numbers or all "
+          "true/false), as each way of writing one is a class of its own.")
 
 
 def _table_examples(rows, config, labelled: bool = True) -> list[dict[str, Any]]:
@@ -246,11 +292,15 @@ def _table_examples(rows, config, labelled: bool = True) -> list[dict[str, Any]]
       label = None
     elif regression:
       label = _number(r, config)
+    else:
+      label = _class_name(r, config, labelled)
     seen.add(r[SOURCE])
     ex = {"text_a": str(r[fields[0]]), "label": label, SOURCE: _where(r)}
     if len(fields) == 2:
       ex["text_b"] = str(r[fields[1]])
     out.append(ex)
+  if labelled and not regression:
+    _check_written_alike(rows, config.label_field)
   return out
 
 
