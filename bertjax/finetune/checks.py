@@ -4,18 +4,22 @@ Each check raises ValueError with one sentence naming the field and the fix,
 before the task's files or the init's weights are read (``check_config``,
 ``check_directories``) or, for what depends on the task (its metrics, its
 number of steps), right after the task's files are read and before the init
-is loaded (``check_main_metric``, ``check_metric_libraries``, ``check_steps``).
+is loaded (``check_main_metric``, ``check_metric_libraries``, ``check_steps``);
+``check_resume`` compares a workdir's checkpoint with the run's config before
+the workdir is held or anything is placed on a device.
 """
 
 from __future__ import annotations
 
 import importlib.util
 
+from bertjax import compat
 from bertjax import config_validation
 from bertjax import guards
 from bertjax import paths
 from bertjax import workdir_lock
 from bertjax.finetune import metrics as task_metrics
+from bertjax.finetune import tasks as tasks_lib
 from bertjax.models import heads
 
 # The shortest row: [CLS], a token or two of each text and the separators.
@@ -141,3 +145,88 @@ def check_steps(config, num_train: int) -> None:
         f"num_epochs {config.num_epochs} of {num_train // config.batch_size} steps per "
         "epoch is no step at all; raise --config.num_epochs (or lower "
         "--config.batch_size).")
+
+
+
+# Fields of the saved config that ``loop.run_config`` derives from the task and
+# its data rather than takes from a flag: a refused resume never asks for them
+# as --config flags (configs/finetune.py has no such field, or the task
+# overrides it); it says what changed that derived them.
+DERIVED = ("steps_per_epoch", "num_train_steps", "warmup_steps", "num_labels",
+           "max_predictions_per_seq", "output_names")
+# The fields that decide a task's labels: a change of one of them explains
+# the labels' change, which is then not told again.
+_LABEL_SOURCES = ("task", "task_kind", "label_names", "label_field")
+
+
+def check_resume(saved, cfg, where: str, num_train: int) -> list:
+  """``compat.check`` of a fine-tuning checkpoint's saved config against the
+  run's (``loop.run_config``), with a refusal worded for fine-tuning: only
+  fields the user sets are named as flags, with their saved values; a change
+  of a derived field is told by what changed it (the training rows, the
+  task's labels or kind). Fine-tuning has no ``allow_changes``: a run that is
+  to go on with another config is given a new --workdir.
+
+  Args:
+    saved: the checkpoint's saved config (JSON); cfg: the run's config;
+    where: 'The checkpoint at step ... in ...'; num_train: the run's training rows.
+
+  Returns:
+    ``compat.check``'s accepted changes.
+  """
+  try:
+    return compat.check(saved, cfg, where)
+  except compat.IncompatibleCheckpoint:
+    pass
+  changes = compat.differences(saved, cfg)
+  layout = [c for c in changes if c.kind == compat.LAYOUT]
+  refused = layout or [c for c in changes if c.kind == compat.STREAM]
+  fields = {c.field: c for c in refused}
+  named = [c for c in refused if c.field not in DERIVED and not _derived_kind(c, cfg)]
+  causes = []
+  if "steps_per_epoch" in fields and "batch_size" not in fields:
+    causes.append(f"the training data gives {num_train} rows now ({cfg.steps_per_epoch} "
+                  f"steps of {cfg.batch_size} per epoch), where it gave "
+                  f"{fields['steps_per_epoch'].saved} steps per epoch")
+  kind = fields.get("task_kind")
+  if kind is not None and kind not in named and "task" not in fields:
+    causes.append(f"the task's files make a {kind.new} task now, not a {kind.saved} one")
+  if ("num_labels" in fields and kind is None
+      and not set(_LABEL_SOURCES) & {c.field for c in named}):
+    was = str(saved.get("output_names") or "")  # recorded since output_names exists
+    causes.append(f"the task's labels are {_labels(cfg.output_names)} now, where they were "
+                  f"{_labels(was)}" if was else f"the task has {cfg.num_labels} labels "
+                  f"now, where it had {fields['num_labels'].saved}")
+  said = [] if named or causes else ["was fine-tuned with another config"]
+  if named:
+    said.append(f"was fine-tuned with {_listing(named, 'saved')} but this run says "
+                f"{_listing(named, 'new')}")
+  if causes:
+    said.append(("and " if named else "was fine-tuned on other data: ") + ", and ".join(causes))
+  keep = [f"--config.{c.field}={compat._cli(c.saved) or repr('')}"  # noqa: SLF001
+          for c in named if c.saved != compat._ABSENT]  # noqa: SLF001
+  if causes:
+    keep.append("the training data it was fine-tuned on")
+  what = ("the saved state's layout" if layout
+          else "the data stream or schedule of the resumed run")
+  raise compat.IncompatibleCheckpoint(
+      f"{where} {', '.join(said)}, which changes {what}; keep "
+      f"{' and '.join(keep) or 'the config it was fine-tuned with'} to resume it as it "
+      "was, or pass a new --workdir to fine-tune with the change.")
+
+
+def _derived_kind(change, cfg) -> bool:
+  """Whether a task_kind change is the task's doing (the format of its files,
+  a TFDS task) rather than --config.task_kind's: only local tables read the flag."""
+  tables = tasks_lib.TABLE_KINDS
+  return change.field == "task_kind" and not (
+      cfg.task == "local" and change.new in tables and change.saved in tables)
+
+
+def _labels(names: str) -> str:
+  return ", ".join(str(names).split("\t"))
+
+
+def _listing(changes, side: str) -> str:
+  return ", ".join(f"{c.field}={compat._show(getattr(c, side))}"  # noqa: SLF001
+                   for c in changes)

@@ -8,7 +8,7 @@ What is reused from pretraining, and what is not:
     (``optim.make_optimizer``, with layer-wise learning-rate decay chained on:
     ``layer_decay``),
     the mesh (``sharding``), the orbax checkpoints and their compatibility
-    check (``checkpointing.Checkpointer``, ``compat``), the best checkpoint
+    check (``checkpointing.Checkpointer``, ``checks.check_resume``), the best checkpoint
     (``checkpointing.BestCheckpoint``, fed the negated main metric), the metric
     writer (JSON lines + TensorBoard), the non-finite policy
     (``guards.NonFiniteGuard``: ``config.nonfinite`` 'stop' ends the run at the
@@ -44,7 +44,6 @@ from etils import epath
 from flax import linen as nn
 
 from bertjax import checkpointing
-from bertjax import compat
 from bertjax import guards
 from bertjax import metrics as metrics_lib
 from bertjax import sharding
@@ -270,7 +269,7 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
   workdir = os.path.abspath(workdir) if "://" not in workdir else workdir
   newest = checkpointing.newest_saved_config(workdir)
   if newest is not None:  # read-only: a refusal leaves the workdir as it was
-    compat.check(newest[1], cfg, newest[2])
+    checks.check_resume(newest[1], cfg, newest[2], len(train_feats["tokens"]))
   # One run per workdir, as in pretraining: a second one is refused.
   lock = workdir_lock.hold(workdir, jax.process_index())
   try:
@@ -301,7 +300,8 @@ def _run_held(cfg, task, fields, loaded, tokenizer, train_feats, eval_feats, to_
   fingerprint = str(getattr(tokenizer, "fingerprint", ""))
 
   def accept(step):
-    compat.check(checkpointer.saved_config(step), cfg, checkpointer.where(step))
+    checks.check_resume(checkpointer.saved_config(step), cfg, checkpointer.where(step),
+                        len(train_feats["tokens"]))
 
   restored = _restore(checkpointer, abstract, shardings, accept, init, workdir)
   it = EpochIterator(len(train_feats["tokens"]), cfg.batch_size, cfg.seed,
