@@ -425,3 +425,32 @@ def test_one_run_per_workdir_and_a_killed_runs_rows_are_redone_once(inits, tmp_p
     f.write('{"step": 2, "task_loss": 99.0}\n')
   assert loop.run(cfg(), path, str(workdir))["step"] == 2
   assert [s for s, _ in steps()] == [1, 2] and 99.0 not in [l for _, l in steps()]
+
+
+def test_a_finished_workdir_predicts_after_its_init_trained_further(inits, tmp_path):
+  import ml_collections
+  import shutil
+  from bertjax import checkpointing, train
+  init = str(tmp_path / "init")
+  shutil.copytree(inits(2), init)
+  rows = "".join(f"{w} {i},{'neg' if w == 'no' else 'pos'}\n" for i in range(16)
+                 for w in ("yes", "no"))
+  config = lambda **kw: _local(tmp_path, "sentence,label\n" + rows,
+                               "sentence,label\n" + rows, **{**_TINY, **kw})
+  assert loop.run(config(), init, str(tmp_path / "ft"))["step"] == 2
+  pretraining = checkpointing.Checkpointer(init, read_only=True)
+  c = ml_collections.ConfigDict(pretraining.saved_config(1))
+  pretraining.close()
+  c.num_train_steps = 2  # the init trains on: its newest checkpoint is now step 2
+  train.train_and_evaluate(c, init)
+  (tmp_path / "test.csv").write_text("sentence\nyes 1\nno 2\n")
+  for given in (init, None):  # with --init, or the one it remembers
+    again = loop.run(config(predict_files=str(tmp_path / "test.csv")), given,
+                     str(tmp_path / "ft"))
+    assert again["predicted"] == {"test": 2}
+  # More epochs for the finished workdir: the flag to keep, and a new workdir.
+  with pytest.raises(ValueError) as e:
+    loop.run(config(num_epochs=3.0), None, str(tmp_path / "ft"))
+  assert re.search(r"fine-tuned with num_epochs=1.0 but this run says num_epochs=3.0, .*; "
+                   r"keep --config.num_epochs=1.0 to resume it as it was, or pass a new "
+                   r"--workdir to fine-tune with the change\.$", str(e.value)), e.value

@@ -1,14 +1,18 @@
 """What a fine-tuning workdir run again is told: a resume with a changed
 config names only flags the user sets (with their saved values) and, for
-values the run derives, what derived them. The check functions only: no model."""
+values the run derives, what derived them; a finished workdir predicts from
+an init that has trained further. The check functions only: no model."""
 
+import json
 import re
 
+import numpy as np
 import pytest
 
 from bertjax import compat
 from bertjax import config_files
 from bertjax.finetune import checks
+from bertjax.finetune import encoder_init
 from bertjax.finetune import loop
 from bertjax.finetune import tasks as tasks_lib
 
@@ -48,3 +52,37 @@ def test_a_refused_resume_names_only_what_the_user_can_do(flags, rows, task, say
   # A safe change (new files to predict) resumes.
   checks.check_resume(saved, _run_config(predict_files="test.csv"), WHERE, 384)
 
+
+def test_a_finished_workdir_predicts_from_an_init_that_trained_further(tmp_path, monkeypatch):
+  init, workdir = str(tmp_path / "init"), tmp_path / "ft"
+  fields = {"model": "bert", "hidden_size": 4, "num_train_steps": 60}
+  weights = lambda v: {"w": np.full((4, 4), v, np.float32)}
+  encoder_init.write(str(workdir), encoder_init.identify(init, fields, weights(0), 60))
+  data = workdir / "checkpoints" / "2" / "data"
+  data.mkdir(parents=True)
+  (data / "metadata").write_text(json.dumps({"tokenizer_fingerprint": "tok-a"}))
+  newest = {"step": 2}  # of the fine-tuning, whose last step is 2
+  monkeypatch.setattr(encoder_init.checkpointing, "newest_saved_config",
+                      lambda w: (newest["step"], {"num_train_steps": 2}, "ckpt"))
+  # The init pretrained on to step 70: the finished workdir predicts ...
+  moved = encoder_init.identify(init, {**fields, "num_train_steps": 70}, weights(1), 70)
+  encoder_init.check(str(workdir), moved, "tok-a")
+  # ... unless the init's architecture or tokenizer is no longer the same.
+  wider = encoder_init.identify(init, {**fields, "hidden_size": 8}, weights(1), 70)
+  with pytest.raises(ValueError, match=r"has another architecture now.*pass a new --workdir"):
+    encoder_init.check(str(workdir), wider, "tok-a")
+  with pytest.raises(ValueError, match=r"fine-tuned with tokenizer tok-a but its --init="
+                                       r".* has tokenizer tok-b now"):
+    encoder_init.check(str(workdir), moved, "tok-b")
+  # Another init is refused, with the way back to this one's predictions.
+  other = encoder_init.identify(str(tmp_path / "other"), fields, weights(1), 60)
+  with pytest.raises(ValueError, match=r"pass a new --workdir .* or leave --init out"):
+    encoder_init.check(str(workdir), other, "tok-a")
+  # Unfinished: refused, saying what moved and giving a fix that works.
+  newest["step"] = 1
+  with pytest.raises(ValueError) as e:
+    encoder_init.check(str(workdir), moved, "tok-a")
+  assert (f"{init}'s newest checkpoint is now step 70, not 60" in str(e.value)
+          and str(e.value).endswith("pass a new --workdir to fine-tune from step 70 "
+                                    "(--init reads a bertjax workdir's newest checkpoint).")
+          and f"pass --init={init}" not in str(e.value)), e.value

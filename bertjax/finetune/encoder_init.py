@@ -12,12 +12,23 @@ fresh run writes ``init.json`` into its workdir:
    config fields, "weights_sha256": hash of a strided sample of every
    parameter (its path, shape, dtype and up to 4096 evenly spaced values)}
 
+  (and "architecture_sha256": hash of the config fields that decide the
+   encoder's layout: ``compat``'s layout fields and ``single_segment``)
+
 and a run that finds checkpoints in its workdir compares the init it is given
 with the record before anything is placed on a device: other weights or
 another encoder config are refused (a moved or copied init with the same
-weights is accepted). A workdir fine-tuned before the record existed has
-none and is not checked here; a restore failure then names ``--init``
-(``loop``).
+weights is accepted) while the workdir has training left to do. A finished
+workdir (its newest checkpoint at its last step), run again to predict,
+takes the encoder's weights from its own checkpoints and reads the init for
+its architecture and tokenizer only: the recorded init may then have trained
+further (its newest checkpoint is read), as long as its architecture (the
+record's hash, where recorded) and its tokenizer (the fingerprint the
+fine-tuning checkpoints saved) are those the workdir was fine-tuned with.
+Another --init is still refused there: the rerun would report the old run's
+result as if fine-tuned from it. A workdir fine-tuned before the record
+existed has none and is not checked here; a restore failure then names
+``--init`` (``loop``).
 """
 
 from __future__ import annotations
@@ -28,8 +39,12 @@ from typing import Any
 
 import jax
 import numpy as np
+from absl import logging
+from etils import epath
 
+from bertjax import checkpoint_manifest as manifest_lib
 from bertjax import checkpointing
+from bertjax import compat
 from bertjax import paths
 
 
@@ -95,9 +110,13 @@ def identify(init: str, fields: dict[str, Any], params: Any, step: int | None) -
     weights.update(f"{jax.tree_util.keystr(path)}{a.shape}{a.dtype}".encode())
     weights.update(sample.tobytes())
   config = json.dumps(fields, sort_keys=True, default=str).encode()
+  layout = {k: v for k, v in fields.items()
+            if compat.kind_of(k) == compat.LAYOUT or k == "single_segment"}
+  architecture = json.dumps(layout, sort_keys=True, default=str).encode()
   where = paths.absolute(init)
   return {"init": where, "step": step, "config_sha256": hashlib.sha256(config).hexdigest(),
-          "weights_sha256": weights.hexdigest()}
+          "weights_sha256": weights.hexdigest(),
+          "architecture_sha256": hashlib.sha256(architecture).hexdigest()}
 
 
 def _describe(record: dict[str, Any]) -> str:
@@ -105,24 +124,89 @@ def _describe(record: dict[str, Any]) -> str:
   return f"--init={record['init']}{step}"
 
 
-def check(workdir: str, record: dict[str, Any]) -> None:
-  """Refuses, in one sentence, to resume ``workdir`` from another init.
+def check(workdir: str, record: dict[str, Any], fingerprint: str = "") -> None:
+  """Refuses, in one sentence, to resume ``workdir`` from another init
+  (module docstring); ``fingerprint``: the init's tokenizer's.
 
   Reads only; a workdir without checkpoints or without a record passes.
   """
-  if checkpointing.newest_saved_config(workdir) is None:
+  newest = checkpointing.newest_saved_config(workdir)
+  if newest is None:
     return
   path = paths.join(workdir, RECORD)
   if not paths.exists(path):
     return
   saved = paths.read_json(path)
-  same = all(saved.get(k) == record[k] for k in ("config_sha256", "weights_sha256"))
-  if not same:
+  if all(saved.get(k) == record[k] for k in ("config_sha256", "weights_sha256")):
+    return
+  step, config, _ = newest
+  finished = step >= int(config.get("num_train_steps", step + 1))
+  if finished and saved["init"] == record["init"]:
+    _check_predicting(workdir, step, saved, record, fingerprint)
+    logging.info("%s now holds other weights than when %s was fine-tuned from it; the "
+                 "finished workdir predicts with its own checkpoints' encoder.",
+                 _describe(record), workdir)
+    return
+  raise ValueError(_refusal(workdir, saved, record, finished))
+
+
+def _refusal(workdir: str, saved: dict[str, Any], record: dict[str, Any],
+             finished: bool) -> str:
+  """The one sentence refusing ``record`` for a workdir started from ``saved``."""
+  init, was, now = saved["init"], saved.get("step"), record.get("step")
+  start = f"The fine-tuning workdir {workdir} was started from {_describe(saved)}"
+  if init == record["init"]:  # the same directory, trained further or replaced
+    if was is not None and now is not None and was != now:
+      changed = (f"but {init}'s newest checkpoint is now step {now}, not {was}, and the "
+                 "workdir has fine-tuning left to do, which would not be from the init "
+                 "it started with")
+      fix = f"fine-tune from step {now} (--init reads a bertjax workdir's newest checkpoint)"
+    else:
+      changed = ("but it holds another encoder or other weights now, and the workdir "
+                 "has fine-tuning left to do")
+      fix = f"fine-tune from --init={init} as it is now"
+    return f"{start}, {changed}; pass a new --workdir to {fix}."
+  # Another directory: point back at the recorded one only where it still works.
+  there = _newest_step(init)
+  back = ""
+  if finished:
+    back = f", or leave --init out (or pass --init={init}) to predict with this one"
+  elif was is None or there == was:
+    back = f", or pass --init={init} to resume this one"
+  return (f"{start}, but this run passes {_describe(record)}, another encoder or other "
+          f"weights; pass a new --workdir to fine-tune from {record['init']}{back}.")
+
+
+def _check_predicting(workdir: str, step: int, saved: dict[str, Any],
+                      record: dict[str, Any], fingerprint: str) -> None:
+  """A finished workdir's init must still build its encoder and tokenize as
+  it did: the same architecture (where recorded) and tokenizer."""
+  init = record["init"]
+  fix = f"pass a new --workdir to fine-tune from --init={init} as it is now"
+  if saved.get("architecture_sha256", record["architecture_sha256"]) != record[
+      "architecture_sha256"]:
     raise ValueError(
-        f"The fine-tuning workdir {workdir} was started from {_describe(saved)}, but this "
-        f"run passes {_describe(record)}, another encoder or other weights; pass a new "
-        f"--workdir to fine-tune from {record['init']}, or pass --init={saved['init']} "
-        "to resume this one.")
+        f"The fine-tuning workdir {workdir} was started from {_describe(saved)}, whose "
+        f"encoder has another architecture now, which the workdir's checkpoints do not "
+        f"fit; {fix}.")
+  try:
+    data = manifest_lib.read_json_item(
+        epath.Path(paths.join(workdir, "checkpoints")) / str(step), "data")
+  except ValueError:
+    return  # unreadable: the restore sets the checkpoint aside, with why
+  trained = str(data.get("tokenizer_fingerprint") or "")
+  if trained and fingerprint and trained != fingerprint:
+    raise ValueError(
+        f"The fine-tuning workdir {workdir} was fine-tuned with tokenizer {trained[:12]} "
+        f"but its --init={init} has tokenizer {fingerprint[:12]} now, which would read "
+        f"other token ids; {fix}.")
+
+
+def _newest_step(init: str) -> int | None:
+  """The newest committed checkpoint step of a bertjax workdir, None for any
+  other directory (read without loading anything)."""
+  steps = manifest_lib.committed_steps(paths.join(init, "checkpoints"))
+  return steps[-1] if steps else None
 
 
 def recorded(workdir: str) -> str | None:

@@ -254,7 +254,7 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
   fields, loaded, tokenizer, init_step = encoder_init.load(init)
   # Before the state is built: a workdir started from another init is refused.
   init_record = encoder_init.identify(init, fields, loaded, init_step)
-  encoder_init.check(workdir, init_record)
+  encoder_init.check(workdir, init_record, str(getattr(tokenizer, "fingerprint", "")))
   separators, single = encoder_init.encoder_layout(fields)
   encoder = features_lib.Encoder(tokenizer, config.seq_len, pair_separators=separators,
                                  single_segment=single)
