@@ -32,6 +32,8 @@ def _run_config(rows=384, labels=("bad", "ok"), kind="classification", **flags):
                   "where it gave 12 steps per epoch"),
     ({"train_files": "b.csv"}, 480, {}, "train_files='' but this run says"),
     ({}, 384, {"labels": ("a", "bad", "ok")}, "labels are a, bad, ok now, where they were bad, ok"),
+    # As many labels, other names: every row of the head would mean another class.
+    ({}, 384, {"labels": ("bad", "good")}, "labels are bad, good now, where they were bad, ok"),
     ({}, 384, {"kind": "tagging", "labels": ("O", "B-X")}, "make a tagging task now"),
     ({"task_kind": "regression"}, 384, {"kind": "regression"},
      "keep --config.task_kind=classification to resume"),

@@ -174,12 +174,19 @@ def check_resume(saved, cfg, where: str, num_train: int) -> list:
   Returns:
     ``compat.check``'s accepted changes.
   """
+  was = str(saved.get("output_names") or "")  # recorded since output_names exists
+  # The head's rows are these classes, in this order: other names (as many)
+  # would resume with every class's row meaning another class.
+  relabelled = bool(was) and was != str(cfg.get("output_names") or "")
   try:
-    return compat.check(saved, cfg, where)
+    accepted = compat.check(saved, cfg, where)
+    if not relabelled:
+      return accepted
   except compat.IncompatibleCheckpoint:
     pass
   changes = compat.differences(saved, cfg)
-  layout = [c for c in changes if c.kind == compat.LAYOUT]
+  layout = [c for c in changes if c.kind == compat.LAYOUT or (
+      relabelled and c.field == "output_names")]
   refused = layout or [c for c in changes if c.kind == compat.STREAM]
   fields = {c.field: c for c in refused}
   named = [c for c in refused if c.field not in DERIVED and not _derived_kind(c, cfg)]
@@ -191,9 +198,8 @@ def check_resume(saved, cfg, where: str, num_train: int) -> list:
   kind = fields.get("task_kind")
   if kind is not None and kind not in named and "task" not in fields:
     causes.append(f"the task's files make a {kind.new} task now, not a {kind.saved} one")
-  if ("num_labels" in fields and kind is None
+  if (("num_labels" in fields or "output_names" in fields) and kind is None
       and not set(_LABEL_SOURCES) & {c.field for c in named}):
-    was = str(saved.get("output_names") or "")  # recorded since output_names exists
     causes.append(f"the task's labels are {_labels(cfg.output_names)} now, where they were "
                   f"{_labels(was)}" if was else f"the task has {cfg.num_labels} labels "
                   f"now, where it had {fields['num_labels'].saved}")
