@@ -97,14 +97,25 @@ def _padded_length(length: int, limit: int) -> int:
 
 
 def _truncated(pieces: list[list[int]], budget: int) -> list[list[int]]:
-  """The segments' tokens cut to ``budget`` in all, a token at a time from
-  the end of the longest (Hugging Face's ``longest_first``), so that [CLS]
-  and the separators of a row longer than its limit are kept."""
+  """The segments' tokens cut to ``budget`` in all from their ends, the
+  longest first (Hugging Face's ``longest_first``, as its fast tokenizers
+  split a pair), so that [CLS] and the separators of a row longer than its
+  limit are kept."""
   if budget < 0:
     raise ValueError(
         f"max_length leaves no room for the text beside [CLS] and the "
         f"separators ({-budget} too few); pass a larger max_length.")
   lengths = [len(p) for p in pieces]
+  if len(lengths) == 2 and sum(lengths) > budget:
+    # As the tokenizers library (transformers' fast tokenizers, what an
+    # exported model's AutoTokenizer is) cuts a pair: the shorter segment is
+    # kept whole where the longer one can still be as long; else both get
+    # half, the odd token to the longer one (to the second of two as long).
+    short = min(lengths)
+    longer = max(short, budget - short)
+    if short + longer > budget:
+      short, longer = budget // 2, budget - budget // 2
+    lengths = [longer, short] if lengths[0] > lengths[1] else [short, longer]
   while sum(lengths) > budget:
     lengths[lengths.index(max(lengths))] -= 1
   return [p[:n] for p, n in zip(pieces, lengths)]

@@ -6,6 +6,8 @@ summed on device across steps and divided only when written.
 
 from __future__ import annotations
 
+import json
+
 from typing import Any, Mapping
 
 import jax
@@ -31,6 +33,23 @@ def reduce(sums: Mapping[str, tuple[Any, Any]]) -> dict[str, float]:
 # most this often, plus whenever the caller asks (a checkpoint, an evaluation)
 # and at close. Local files get every row at once.
 REMOTE_FLUSH_SECONDS = 60.0
+
+
+def has_row(workdir: str, step: int, prefix: str, filename: str = "metrics.jsonl") -> bool:
+  """Whether ``workdir/filename`` holds a row of ``step`` with a ``prefix``
+  scalar (e.g. the evaluation a finished run already logged)."""
+  p = paths.path(paths.join(workdir, filename))
+  if not p.exists():
+    return False
+  for line in p.read_text(encoding="utf-8").splitlines():
+    try:
+      row = json.loads(line)
+    except ValueError:
+      continue
+    if (isinstance(row, dict) and row.get("step") == step
+        and any(str(k).startswith(prefix) for k in row)):
+      return True
+  return False
 
 
 class MetricWriter:

@@ -46,7 +46,16 @@ class Progress:
     shown = " ".join(f"{k}={scalars[k]:.4g}" for k in names if k in scalars)
     return (f"step {step}/{self._total} {shown} "
             f"tokens/s={scalars['tokens_per_sec']:.0f} mfu={scalars['mfu']:.2f} "
-            f"time_left={time.strftime('%H:%M:%S', time.gmtime(left)) if left == left else '?'}")
+            f"time_left={_duration(left)}")
+
+
+def _duration(seconds: float) -> str:
+  """'05:35:35', or with days '19d 05:35:35' (strftime's %H wraps at a day)."""
+  if seconds != seconds or seconds == float("inf"):
+    return "?"
+  days, rest = divmod(int(seconds), 86400)
+  clock = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+  return f"{days}d {clock}" if days else clock
 
 
 def write_train_metrics(writer, progress: Progress, schedule, step: int, sums,

@@ -365,8 +365,10 @@ def _train_and_evaluate(config, workdir, stop_at_step, preemption):
                             microbatches=config.microbatches)
   eval_fn = evaluation.make_eval_step(config, mesh, model, objective)
   rng = jax.random.key(config.seed)
-  writer = metrics_lib.MetricWriter(
-      workdir, resumed_at=None if restored is None else step)
+  # Rows logged after the starting step are about to be redone: those of an
+  # interrupted run, or of a run killed before its first checkpoint when
+  # this one starts from step 0.
+  writer = metrics_lib.MetricWriter(workdir, resumed_at=step)
   progress = progress_lib.Progress(config, step)
   best = checkpointing.BestCheckpoint(workdir)
   nonfinite = guards.NonFiniteGuard(config.nonfinite, config.max_consecutive_skips)
@@ -449,9 +451,10 @@ def _train_and_evaluate(config, workdir, stop_at_step, preemption):
     if record is None:
       raise guards.Preempted.during_final_evaluation(step)
     record = {"step": step, **record}
-    writer = metrics_lib.MetricWriter(workdir)
-    writer.write(step, {k: v for k, v in record.items() if k != "step"}, prefix="eval_")
-    writer.close()
+    if not metrics_lib.has_row(workdir, step, "eval_"):  # a finished run run again
+      writer = metrics_lib.MetricWriter(workdir)
+      writer.write(step, {k: v for k, v in record.items() if k != "step"}, prefix="eval_")
+      writer.close()
   evaluation.write_record(workdir, record)
   print(json.dumps(record), flush=True)
   return record

@@ -235,6 +235,23 @@ def test_over_long_rows_keep_their_specials_and_cut_the_longest_segment(demo_con
     model.tokenize([("a", "b")], max_length=2)
 
 
+def test_pairs_are_cut_as_transformers_fast_tokenizers_cut_them(tmp_path):
+  # An exported model is read with AutoTokenizer (a fast tokenizer): bertjax
+  # must keep the same tokens of an over-long pair, ties and odd cuts included.
+  from transformers import BertTokenizerFast
+  from bertjax import api
+  (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\na\nb\n")
+  hf = BertTokenizerFast(str(tmp_path / "vocab.txt"))
+  for n_a, n_b, max_length in [(600, 10, 20), (12, 10, 20), (11, 11, 20), (10, 10, 20),
+                               (5, 30, 20), (13, 10, 21), (30, 5, 21), (9, 9, 18),
+                               (40, 40, 12), (3, 2, 20)]:
+    ids = hf("a " * n_a, "b " * n_b, truncation="longest_first",
+             max_length=max_length)["input_ids"]
+    want = [ids.count(5), ids.count(6)]
+    got = api._truncated([[5] * n_a, [6] * n_b], max_length - 3)  # noqa: SLF001
+    assert [len(p) for p in got] == want, (n_a, n_b, max_length)
+
+
 def test_texts_max_length_and_top_k_outside_their_range_are_refused(demo_config, demo_data):
   model = _fresh_tiny(demo_config, demo_data)
   positions = demo_config.max_position_embeddings

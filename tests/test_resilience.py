@@ -111,6 +111,25 @@ def test_sigkill_then_restart_is_bit_identical(tmp_path, reference, demo_config,
                       restore(ref_dir, STEPS, config, mesh))
 
 
+def test_a_start_over_stale_rows_and_a_finished_rerun_log_each_step_once(
+    tmp_path, reference, demo_config, demo_data):
+  config = run_config(demo_config, demo_data)
+  workdir = str(tmp_path)
+  # A run killed before its first checkpoint (of another model, even) left rows.
+  with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+    for step in (1, 2, 3):
+      f.write(json.dumps({"step": step, "loss": 99.0}) + "\n")
+  record = train.train_and_evaluate(config, workdir)
+  rows = read_metrics(workdir)
+  assert all(r.get("loss") != 99.0 for r in rows)
+  assert [r["step"] for r in rows if "loss" in r] == list(range(1, STEPS + 1))
+  # Run again when finished, it evaluates again and logs that evaluation once.
+  assert train.train_and_evaluate(config, workdir) == record
+  evals = [r["step"] for r in read_metrics(workdir)
+           if any(k.startswith("eval_") for k in r)]
+  assert evals == [STEPS]
+
+
 def _signal_mid_run(config, workdir, sig, popen):
   """Starts ``bertjax.main`` with ``popen``, sends ``sig`` once three rows
   are logged; (exit status, stdout, stderr, the checkpointed steps)."""
