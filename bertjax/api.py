@@ -289,7 +289,7 @@ class Model:
     most = int(self.config["vocab_size"]) - batch_lib.NUM_SPECIAL_TOKENS
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= most:
       # Beyond ``most`` the special tokens, never proposed, would fill the list.
-      raise ValueError(f"top_k={top_k!r} is invalid: pass the number of predictions "
+      raise ValueError(f"top_k={top_k!r} is invalid; pass the number of predictions "
                        f"wanted per [MASK], between 1 and {most} (the vocabulary's "
                        "tokens less its special ones), e.g. top_k=5.")
     if not isinstance(text, str):

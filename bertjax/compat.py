@@ -228,7 +228,7 @@ def allowed(config) -> set[str]:
 
 
 def check(saved: Mapping[str, Any], config, where: str, *,
-          layout_only: bool = False) -> list[Change]:
+          layout_only: bool = False, evaluating: bool = False) -> list[Change]:
   """Refuses a resume whose config changes the layout or, unallowed, the stream.
 
   Args:
@@ -236,6 +236,8 @@ def check(saved: Mapping[str, Any], config, where: str, *,
     config: the new run's ConfigDict.
     where: names the checkpoint in messages ('The checkpoint at step 20 in ...').
     layout_only: refuse layout changes only (evaluating a checkpoint).
+    evaluating: the refusal's way out is to evaluate with the saved values
+      (``bertjax.evaluate``), not to resume or to train afresh.
 
   Returns:
     The accepted changes (safe ones and allowed stream ones), for the log.
@@ -247,11 +249,14 @@ def check(saved: Mapping[str, Any], config, where: str, *,
   changes = differences(saved, config)
   layout = [c for c in changes if c.kind == LAYOUT]
   if layout:
+    way_out = (f"pass {_flags(layout)} to evaluate it with the config it was "
+               "trained with" if evaluating else
+               f"keep {_flags(layout)} to resume it, or pass a new --workdir to "
+               "train this config from scratch")
     raise IncompatibleCheckpoint(
         f"{where} was trained with {_listing(layout, 'saved')} but the config "
         f"says {_listing(layout, 'new')}, which changes the saved state's "
-        f"layout; keep {_flags(layout)} to resume it, or pass a new --workdir "
-        "to train this config from scratch.")
+        f"layout; {way_out}.")
   if layout_only:
     return changes
   ok = allowed(config)

@@ -54,7 +54,9 @@ def main(argv):
     print(json.dumps({"text": _FILL_MASK.value, "fillings": fillings}), flush=True)
     return
   if _CONFIG.value is None:
-    raise app.UsageError("--config is required to evaluate (only --fill_mask does without).")
+    raise ValueError("--config is required to evaluate; pass the config the workdir "
+                     "was trained with, e.g. --config=configs/bert.py:tiny (only "
+                     "--fill_mask does without).")
   record = evaluation.evaluate_checkpoint(_CONFIG.value, _WORKDIR.value, _STEP.value)
   print(json.dumps(record), flush=True)
 

@@ -198,7 +198,7 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None) -> dict[s
                     workdir, step)
   # Evaluation reads only the parameters: just the layout has to agree.
   compat.check(checkpointer.saved_config(step), config, checkpointer.where(step),
-               layout_only=True)
+               layout_only=True, evaluating=True)
   data_dir = prepare.resolve_data_dir(config, workdir)
   _require_prepared(config, data_dir)
   prepared = prepare.prepare(config, data_dir)

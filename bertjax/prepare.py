@@ -100,9 +100,10 @@ def main(argv):
     prepared = prepare.prepare(config, data_dir, beam_runner=_BEAM_RUNNER.value,
                                beam_options=_BEAM_OPTIONS.value)
   except ValueError as e:
-    # Bad input gets its one sentence, not a traceback.
+    # Bad input gets its one sentence, not a traceback, and status 2 as in
+    # the other binaries (1 is --verify's "damaged").
     print(f"error: {e}", file=sys.stderr)
-    sys.exit(1)
+    sys.exit(2)
   mixed = isinstance(prepared, mixture.MixedData)
   what = mixture.describe(prepared.corpora) if mixed else config.dataset
   # A gs:// data_dir is prepared in its local mirror and uploaded: name the bucket.

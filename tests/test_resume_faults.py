@@ -373,6 +373,18 @@ def test_unclassified_field_needs_allow_changes():
   assert [c.field for c in changes] == ["allow_changes", "my_own_field"]
 
 
+def test_a_layout_refusal_when_evaluating_says_to_evaluate_with_the_saved_config():
+  saved = {"model_size": "tiny", "seq_len": 32}
+  config = _Dict(model_size="mini", seq_len=64)
+  with pytest.raises(compat.IncompatibleCheckpoint) as e:
+    compat.check(saved, config, "The checkpoint", layout_only=True, evaluating=True)
+  message = str(e.value)
+  assert "pass --config.model_size=tiny to evaluate it" in message, message
+  assert "resume" not in message and "from scratch" not in message, message
+  with pytest.raises(compat.IncompatibleCheckpoint, match="to resume it, or pass a new"):
+    compat.check(saved, config, "The checkpoint", layout_only=True)
+
+
 class _Dict(dict):
   """A dict with ConfigDict's ``get`` and ``to_dict``."""
 
