@@ -214,6 +214,14 @@ def test_prepared_text_outlives_its_files_and_names_what_changed(
   with pytest.raises(ValueError, match=r"1 added .*zz_new\.txt.*put them back"):
     prepare.prepare(config, data_dir)
   (src / "zz_new.txt").unlink()
+  # Edited in place to the same size: the prepared text is used, with a warning.
+  stat = first.stat()
+  os.utime(first, (stat.st_atime, stat.st_mtime + 100))
+  with caplog.at_level(logging.WARNING):
+    assert prepare.prepare(config, data_dir) == prepared
+  assert "1 of the text files were modified after" in caplog.text
+  assert str(first) in caplog.text
+  caplog.clear()
   assert _snapshot(data_dir) == before
 
   src.rename(tmp_path / "moved")

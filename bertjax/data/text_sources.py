@@ -145,12 +145,13 @@ def _prepared_from(dataset_dir: str, text_files: str) -> bool:
   return stored is not None and stored.get("text_files") == text_files
 
 
-def _changed_files(stored: dict[str, Any], files: list[tuple[str, int]]) -> str:
+def _changed_files(stored: dict[str, Any], files: list[tuple[str, int, int]]) -> str:
   """'2 added (…/c.txt, …), 1 removed (…)' between the recorded files and
-  ``files``; '' when the record predates the per-file list."""
+  ``files`` (path, size, mtime); '' when the record predates the per-file list."""
   if "files" not in stored:
     return ""
-  then, now = dict(map(tuple, stored["files"])), dict(files)
+  then = {f[0]: f[1] for f in stored["files"]}
+  now = {f[0]: f[1] for f in files}
   parts = []
   for what, names in (
       ("added", [p for p in now if p not in then]),
@@ -160,6 +161,21 @@ def _changed_files(stored: dict[str, Any], files: list[tuple[str, int]]) -> str:
       parts.append(f"{len(names)} {what} ({', '.join(names[:2])}"
                    f"{', …' if len(names) > 2 else ''})")
   return ", ".join(parts)
+
+
+def _warn_if_edited(stored: dict[str, Any], files: list[tuple[str, int, int]],
+                    dataset_dir: str) -> None:
+  """Warns when files of the same paths and sizes were modified after the
+  text was prepared from them (recorded since the per-file list has times)."""
+  then = {f[0]: f[2] for f in stored.get("files", []) if len(f) > 2}
+  edited = [p for p, _, mtime in files if p in then and mtime > then[p]]
+  if edited:
+    logging.warning(
+        "%d of the text files were modified after %s was prepared from them "
+        "(their sizes are the same: %s); the text prepared then is used. To "
+        "prepare their text as it is now, point --config.data_dir at a new "
+        "directory.", len(edited), dataset_dir,
+        ", ".join(edited[:3]) + (", …" if len(edited) > 3 else ""))
 
 
 def _local_text(config, data_dir: str, engine: Engine) -> str:
@@ -174,7 +190,10 @@ def _local_text(config, data_dir: str, engine: Engine) -> str:
         "--config.text_files=%r matches no files now; using the text dataset "
         "prepared from them in %s.", text_files, dataset_dir)
     return dataset_dir
-  files = [(paths.absolute(p), builders.file_size(p)) for p in found]
+  files = []
+  for p in found:
+    stat = paths.path(p).stat()
+    files.append((paths.absolute(p), int(stat.length), int(stat.mtime or 0)))
   fingerprint = builders.files_fingerprint(found)
   if stored is not None:
     if stored.get("files_fingerprint") != fingerprint:
@@ -190,6 +209,7 @@ def _local_text(config, data_dir: str, engine: Engine) -> str:
           f"{' (' + changes + ')' if changes else ''}; put them back as they "
           f"were to go on with that data, or point --config.data_dir at a new "
           f"directory to prepare them anew.")
+    _warn_if_edited(stored, files, dataset_dir)
     logging.info("Reusing text dataset %s.", dataset_dir)
     return dataset_dir
 
@@ -204,7 +224,7 @@ def _local_text(config, data_dir: str, engine: Engine) -> str:
            for i, g in enumerate(groups)]
   todo = [t for t in tasks if stage.receipt(t.index) is None]
   logging.info("Reading %d text files (%.1f MB) in %d units, %d to do ...",
-               len(found), sum(size for _, size in files) / 1e6,
+               len(found), sum(f[1] for f in files) / 1e6,
                len(tasks), len(todo))
   engine.run(units.run_text, todo, workers.Progress(
       "text", sum(sum(min(p.end, p.size) - p.start for p in t.pieces) for t in todo),
