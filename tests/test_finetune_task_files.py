@@ -53,8 +53,11 @@ _RIGHT = [{"text": "apple pie", "answer_start": 14}]
     ([{"text": "", "answer_start": 0}],
      r"has an empty answer text; give the answer's text, or "
      r"\"answers\": \[\] for a question the context does not answer"),
+    # int() used to read 14.5 as 14 and true as 1, silently.
+    ([{"text": "apple", "answer_start": 14.5}], r"has answer_start 14\.5; answer_start is a whole"),
+    ([{"text": "apple", "answer_start": True}], r"has answer_start True; answer_start is a whole"),
 ], ids=["other_text", "past_the_end", "off_by_one", "whitespace", "negative",
-        "second_answer", "empty_text"])
+        "second_answer", "empty_text", "fraction", "boolean"])
 @pytest.mark.parametrize("split", ["train", "eval"])
 def test_a_squad_answer_not_at_its_answer_start_is_refused(tmp_path, answers, message, split):
   bad, good = _squad(_RIGHT, answers), _squad(_RIGHT)

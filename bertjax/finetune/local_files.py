@@ -101,7 +101,7 @@ def _squad_rows(path: str, text: str) -> list[dict[str, Any]]:
                        "question": str(qa["question"]),
                        "answers": [str(a["text"]) for a in answers],
                        "answer_start": int(answers[0]["answer_start"]) if answers else -1})
-          spans.append([(str(a["text"]), int(a["answer_start"]))
+          spans.append([(str(a["text"]), a["answer_start"])
                         for a in answers if "answer_start" in a])
   except (KeyError, TypeError, ValueError, AttributeError) as e:
     what = f"no {e.args[0]!r}" if isinstance(e, KeyError) else "an entry of another shape"
@@ -109,6 +109,11 @@ def _squad_rows(path: str, text: str) -> list[dict[str, Any]]:
                      f"laid out as SQuAD's: {_SQUAD_LAYOUT}.") from None
   for n, (row, given) in enumerate(zip(rows, spans), 1):
     for text, start in given:
+      if isinstance(start, bool) or not isinstance(start, int):
+        raise ValueError(
+            f"{path} question {n} (id {row['id']!r}) has answer_start {start!r}; "
+            "answer_start is a whole number, the answer's first character's "
+            "index in the context, counted from 0.")
       _check_answer(path, n, row["id"], row["context"], text, start)
   return rows
 
