@@ -10,6 +10,7 @@ from absl import logging
 from bertjax import corpus_metrics
 from bertjax import flops
 from bertjax import metrics as metrics_lib
+from bertjax.data import workers
 
 
 class Progress:
@@ -46,16 +47,12 @@ class Progress:
     shown = " ".join(f"{k}={scalars[k]:.4g}" for k in names if k in scalars)
     return (f"step {step}/{self._total} {shown} "
             f"tokens/s={scalars['tokens_per_sec']:.0f} mfu={scalars['mfu']:.2f} "
-            f"time_left={_duration(left)}")
+            f"time_left={_time_left(left)}")
 
 
-def _duration(seconds: float) -> str:
-  """'05:35:35', or with days '19d 05:35:35' (strftime's %H wraps at a day)."""
-  if seconds != seconds or seconds == float("inf"):
-    return "?"
-  days, rest = divmod(int(seconds), 86400)
-  clock = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
-  return f"{days}d {clock}" if days else clock
+def _time_left(seconds: float) -> str:
+  """HH:MM:SS, hours past a day counted on (strftime's %H wrapped at 24)."""
+  return "?" if seconds != seconds else workers.format_eta(seconds)
 
 
 def write_train_metrics(writer, progress: Progress, schedule, step: int, sums,
