@@ -73,6 +73,16 @@ def test_entries_take_the_config_defaults(demo_config):
   assert mixture.name(mixture.parse(other)) != mixture.name([wiki, books])
 
 
+def test_two_local_texts_are_told_apart_in_the_logs(demo_config):
+  # Both used to be logged as plain 'bertjax_local_text'.
+  config = _config(demo_config, "bertjax_local_text text_files=notes/*.txt; "
+                   "bertjax_local_text/paragraphs text_files=mail/*.txt weight=2; pg19",
+                   text_files="")
+  text = mixture.describe(mixture.parse(config))
+  assert text == ("bertjax_local_text['notes/*.txt'] x1 + "
+                  "bertjax_local_text/paragraphs['mail/*.txt'] x2 + pg19 x1"), text
+
+
 @pytest.mark.parametrize("shares,tokens", [((7, 3), (1000, 50_000)), ((0.2, 0.5, 0.3),
                                                                         (10, 10, 10**6))])
 def test_shares_give_each_corpus_its_part_of_a_pass_as_large_as_all(shares, tokens):

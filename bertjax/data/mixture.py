@@ -228,11 +228,15 @@ def shards_name(config, corpus: Corpus) -> str:
 
 
 def describe(corpora: Sequence[Corpus]) -> str:
-  """'wikipedia/20230601.en x3 + pg19 x1' (or 'share 0.7 + ...'), for logs."""
+  """'wikipedia/20230601.en x3 + pg19 x1' (or 'share 0.7 + ...'), for logs;
+  local text is named with its files ("bertjax_local_text['notes/*.txt']")."""
+  def named(c: Corpus) -> str:
+    return f"{c.dataset}[{c.text_files!r}]" if c.is_local_text() else c.dataset
+
   if corpora[0].share:
     total = sum(c.share for c in corpora)
-    return " + ".join(f"{c.dataset} share {c.share / total:.3g}" for c in corpora)
-  return " + ".join(f"{c.dataset} x{c.weight:g}" for c in corpora)
+    return " + ".join(f"{named(c)} share {c.share / total:.3g}" for c in corpora)
+  return " + ".join(f"{named(c)} x{c.weight:g}" for c in corpora)
 
 
 def text_dir(data_dir: str, corpus: Corpus) -> str:

@@ -379,10 +379,10 @@ def _prepare_mixture(config, data_dir: str, engine: text_sources.Engine,
            for cfg, n, s in zip(configs, names, sources)]
   mixed = mixture.MixedData(corpora, parts, train_split=config.train_split,
                             eval_split=config.get("eval_split", ""), data_dir=data_dir)
+  # Keyed as the metrics name each corpus (two local texts apart).
   logging.info("Prepared the mixture %s in %.1f s: %s documents per pass, vocab %d.",
                mixture.describe(corpora), time.time() - start,
-               dict(zip([c.dataset for c in corpora], mixed.train_counts())),
-               tok.vocab_size)
+               dict(zip(mixed.labels(), mixed.train_counts())), tok.vocab_size)
   return mixed
 
 
