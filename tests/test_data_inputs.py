@@ -36,6 +36,18 @@ def test_format_eta(seconds, want):
   assert workers.format_eta(seconds) == want
 
 
+def test_progress_of_text_read_back_from_shards_shows_no_smaller_total(caplog):
+  # The sample and tokenize stages count the text they read (2.4 MB) against
+  # the shards' compressed size (0.6 MB): "2.4/0.6 MB" read as more than done.
+  progress = workers.Progress("sample", total_bytes=600_000, num_units=2,
+                              counted_in_total=False)
+  with caplog.at_level(logging.INFO):
+    progress.update(docs=7, num_bytes=1_200_000)
+    progress.update(docs=7, num_bytes=1_200_000)
+  assert "sample: 2/2 units, 14 documents, 2.4 MB read" in caplog.text
+  assert "/0.6 MB" not in caplog.text and "ETA 00:00:00" in caplog.text
+
+
 def test_progress_of_zero_bytes_logs_an_unknown_eta(caplog):
   progress = workers.Progress("text", total_bytes=10, num_units=2)
   with caplog.at_level(logging.INFO):

@@ -183,7 +183,8 @@ def _tokenize(config, data_dir: str, name: str, tok, sources, spans,
   logging.info("Tokenizing %s into %s: %d units, %d to do ...", list(sources),
                dataset_dir, len(tasks), len(todo))
   total = sum(s.num_bytes for s in sources.values())
-  engine.run(units.run_tokenize, todo, workers.Progress("tokenize", total, len(todo)))
+  engine.run(units.run_tokenize, todo, workers.Progress("tokenize", total, len(todo),
+                                                        counted_in_total=False))
   receipts = [stage.receipt(t.index) for t in tasks]
   num_tokens, num_unk = {}, {}
   for split in sources:

@@ -96,7 +96,7 @@ def train_tokenizer(config, path: str, trains: Sequence[text_sources.Split],
   logging.info("Sampling about %d of ~%d sentences of %s for the tokenizer ...",
                min(wanted, total), total, label)
   engine.run(units.run_sample, todo, workers.Progress(
-      "sample", sum(t.num_bytes for t in trains), len(todo)))
+      "sample", sum(t.num_bytes for t in trains), len(todo), counted_in_total=False))
 
   def sample():
     for task in tasks:

@@ -49,9 +49,15 @@ def _init_worker() -> None:
 class Progress:
   """Logs a line per finished unit: units, documents, MB, MB/s, ETA."""
 
-  def __init__(self, what: str, total_bytes: int, num_units: int):
+  def __init__(self, what: str, total_bytes: int, num_units: int, *,
+               counted_in_total: bool = True):
+    """``counted_in_total``: the bytes ``update`` counts are those of
+    ``total_bytes`` (the text files read); else (text read back from shards,
+    whose total is their compressed size) the line shows the bytes read
+    and the ETA comes from the units done."""
     self._what = what
     self.total_bytes = total_bytes
+    self._counted_in_total = counted_in_total
     self._units = num_units
     self._start = time.time()
     self._done_units = self._docs = self._bytes = 0
@@ -65,7 +71,14 @@ class Progress:
     if now - self._last < 10 and self._done_units < self._units:
       return
     self._last = now
-    rate = self._bytes / max(now - self._start, 1e-9)
+    elapsed = max(now - self._start, 1e-9)
+    rate = self._bytes / elapsed
+    if not self._counted_in_total:
+      eta = elapsed * (self._units - self._done_units) / self._done_units
+      logging.info("%s: %d/%d units, %d documents, %.1f MB read, %.2f MB/s, ETA %s",
+                   self._what, self._done_units, self._units, self._docs,
+                   self._bytes / 1e6, rate / 1e6, format_eta(eta))
+      return
     left = self.total_bytes - self._bytes
     # Zero bytes so far (empty files) give no rate: the ETA is unknown, or
     # nothing when no bytes are left either.
