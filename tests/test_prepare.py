@@ -122,13 +122,14 @@ def test_local_text_skips_bad_files(demo_config, text_dir, tmp_path, caplog):
   (bad / "empty.txt").write_text("")
   (bad / "binary.txt").write_bytes(b"Some text\x00\x01\x02 more")
   (bad / "latin1.txt").write_bytes("Caf\xe9 au lait est tr\xe8s bon.".encode("latin-1"))
+  (bad / "utf16.txt").write_bytes("Some text. More text.".encode("utf-16"))
   config = _local_config(demo_config, f"{text_dir}/*.txt,{bad}")
   data_dir = str(tmp_path / "data")
   with caplog.at_level(logging.WARNING):
     prepared = prepare.prepare(config, data_dir)
   warnings = "\n".join(r.getMessage() for r in caplog.records)
   for reason, name in [("empty", "empty.txt"), ("binary", "binary.txt"),
-                       ("not UTF-8", "latin1.txt")]:
+                       ("not UTF-8", "latin1.txt"), ("UTF-16, not UTF-8", "utf16.txt")]:
     assert f"Skipped 1 {reason}" in warnings and name in warnings
   n_files = len(list(text_dir.glob("*.txt")))
   assert sum(prepared.splits.values()) == n_files

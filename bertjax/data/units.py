@@ -220,6 +220,15 @@ def read_piece(piece: Piece) -> bytes:
     return f.read(max(end - start, 0))
 
 
+def _utf16_file(piece: Piece, data: bytes) -> bool:
+  """Whether the piece's file starts with a UTF-16 byte-order mark (its NUL
+  bytes are then text, in an encoding bertjax does not read)."""
+  if piece.start:
+    with paths.path(piece.path).open("rb") as f:
+      data = f.read(2)
+  return data[:2] in (b"\xff\xfe", b"\xfe\xff")
+
+
 def _piece_documents(piece: Piece, text: str, paragraphs: bool
                      ) -> Iterator[tuple[str, str, list[str]]]:
   """(document id, name deciding its split, sentences) of one piece's text."""
@@ -255,7 +264,8 @@ def run_text(task: TextTask) -> dict[str, Any]:
     if not data.strip():
       reason = "empty"
     elif b"\x00" in data:
-      reason = "binary (NUL bytes)"
+      reason = ("UTF-16, not UTF-8" if _utf16_file(piece, data)
+                else "binary (NUL bytes)")
     else:
       try:
         text = data.decode("utf-8")
