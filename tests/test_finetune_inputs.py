@@ -213,6 +213,10 @@ _GOOD = "sentence,label\na cat,pos\na dog,neg\n"
     # messages that named no file.
     (_GOOD, "sentence,label\nfine,pos\nshort\n", ("train.csv", "dev.csv"),
      r"dev\.csv line 3 has 1 fields where its header has 2 \(sentence, label\)"),
+    # A quote never closed swallows the lines after it: named where it opens.
+    (_GOOD, 'sentence,label\nfine,pos\n"open,neg\nmore,pos\n', ("train.csv", "dev.csv"),
+     r"dev\.csv line 3 opens a quoted value that runs on to line 4, so the row has 1 "
+     r"of its header's 2 fields; close the quote"),
     (_GOOD, '{"sentence": "a", "label": "pos"}\nnot json\n', ("train.csv", "dev.jsonl"),
      r"dev\.jsonl line 2 is not valid JSON"),
     (_GOOD, '{"sentence": "a", "label": "pos"}\n[1, 2]\n', ("train.csv", "dev.jsonl"),

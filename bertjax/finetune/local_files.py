@@ -46,17 +46,28 @@ def _table_rows(path: str, text: str, tsv: bool) -> list[dict[str, Any]]:
                           quoting=csv.QUOTE_NONE if tsv else csv.QUOTE_MINIMAL)
   rows = []
   try:
-    for row in reader:
+    while True:
+      start = reader.line_num + 1  # a quoted value may span lines
+      row = next(reader, None)
+      if row is None:
+        break
       if None in row or None in row.values():
         given = (sum(v is not None for k, v in row.items() if k is not None)
                  + len(row.get(None, [])))
+        spans = [v for v in row.values() if isinstance(v, str) and "\n" in v]
+        if spans and not tsv and reader.line_num > start:
+          raise ValueError(
+              f"{path} line {start} opens a quoted value that runs on to line "
+              f"{reader.line_num}, so the row has {given} of its header's "
+              f"{len(reader.fieldnames)} fields; close the quote (a quote inside a "
+              f"value is written twice, \"\").")
         raise ValueError(
             f"{path} line {reader.line_num} has {given} fields where its header has "
             f"{len(reader.fieldnames)} "
             f"({', '.join(reader.fieldnames)}); give every row one value per column"
             + (" (a .tsv is split at every tab)" if tsv else
                " (quote a value that holds a comma)") + ".")
-      rows.append({**row, LINE: reader.line_num})
+      rows.append({**row, LINE: start})
   except csv.Error as e:
     raise ValueError(f"{path} line {reader.line_num} is not valid "
                      f"{'TSV' if tsv else 'CSV'} ({e}); fix that line.") from None
