@@ -43,6 +43,12 @@ def eval_step(params, batch, rng, *, model, objective, vocab_size: int):
     metrics = metrics_lib.add(metrics, dict(view_metrics))
     counts = counts.at[targets["mlm_targets"].reshape(-1)].add(
         targets["mlm_weights"].reshape(-1))
+  # The objective's loss is a per-batch mean; over the split it is weighed by
+  # the batch's real rows, so that a short (padded) last batch, or one of
+  # padding only, counts for what it holds instead of as much as a full one.
+  total, views = metrics["loss"]
+  rows = jnp.sum(batch["example_mask"]).astype(jnp.float32)
+  metrics["loss"] = (jnp.where(rows > 0, total / views * rows, 0.0), rows)
   real = batch["doc_ids"] > 0
   metrics["num_tokens"] = (jnp.sum(real).astype(jnp.float32), jnp.float32(1.0))
   return metrics, counts

@@ -216,6 +216,30 @@ def test_nan_loss_skip_mode_leaves_state_unchanged(demo_config, demo_data):
     guard.check(3, m["skipped"])
 
 
+def test_held_out_loss_weighs_each_batch_by_its_real_rows(demo_config, demo_data):
+  # It was a mean of per-batch means: a padded last batch (or one of padding
+  # only, as a host of a pod can get) counted as much as a full one.
+  from bertjax import metrics as metrics_lib
+  config = run_config(demo_config, demo_data)
+  mesh = sharding.make_mesh(config.mesh_shape)
+  model = models.get_model(config)
+  state, _ = state_lib.create_train_state(model, optim.make_optimizer(config), config, mesh)
+  step_fn = evaluation.make_eval_step(config, mesh, model, objectives.get_objective(config))
+  batch = next(iter(pipeline.make_eval_batches(
+      config, demo_data.source("validation"), local_batch_size=config.batch_size,
+      max_batches=1)))
+  assert batch["example_mask"].all()
+  padding = dict(batch, example_mask=np.zeros_like(batch["example_mask"]))
+  rng = jax.random.key(config.eval_seed)
+  with sharding.use_mesh(mesh):
+    full, _ = step_fn(state.params, train.to_global(batch, mesh), rng)
+    empty, _ = step_fn(state.params, train.to_global(padding, mesh), rng)
+  assert float(full["loss"][1]) == config.batch_size and float(empty["loss"][1]) == 0.0
+  alone = metrics_lib.reduce({"loss": full["loss"]})["loss"]
+  both = metrics_lib.reduce({"loss": metrics_lib.add(full, empty)["loss"]})["loss"]
+  assert np.isfinite(alone) and both == pytest.approx(alone, rel=1e-6)
+
+
 @pytest.mark.parametrize("save_shape,restore_shape", [
     ("1,1,1", "8,1,1"), ("8,1,1", "1,1,1"), ("8,1,1", "2,4,1"), ("2,4,1", "8,1,1")])
 def test_restore_onto_another_mesh(tmp_path, demo_config, demo_data, save_shape,
