@@ -221,21 +221,17 @@ def _resolve_remote(pattern: str) -> list[str]:
     return []
 
 
-def file_size(path: str) -> int:
-  """Bytes of a local or gs:// file."""
-  return paths.path(path).stat().length
-
-
 def no_files_message(text_files: str) -> str:
   return (f"--config.text_files={text_files!r} matches no files; pass "
           f"comma-separated paths or globs, e.g. --config.text_files='corpus/*.txt'.")
 
 
-def files_fingerprint(files: Sequence[str]) -> str:
-  """sha256 over (path, size) of the input files: changes when the inputs do."""
+def files_fingerprint(files: Sequence[tuple[str, int]]) -> str:
+  """sha256 over (absolute path, size) of the input files: changes when the
+  inputs do."""
   digest = hashlib.sha256()
-  for path in files:
-    digest.update(f"{paths.absolute(path)}\t{file_size(path)}\n".encode())
+  for path, size in files:
+    digest.update(f"{path}\t{size}\n".encode())
   return digest.hexdigest()
 
 

@@ -194,7 +194,7 @@ def _local_text(config, data_dir: str, engine: Engine) -> str:
   for p in found:
     stat = paths.path(p).stat()
     files.append((paths.absolute(p), int(stat.length), int(stat.mtime or 0)))
-  fingerprint = builders.files_fingerprint(found)
+  fingerprint = builders.files_fingerprint([f[:2] for f in files])
   if stored is not None:
     if stored.get("files_fingerprint") != fingerprint:
       if stored.get("text_files") != text_files:
