@@ -88,6 +88,19 @@ def test_squad_files_whose_offsets_match_are_read_as_they_are(tmp_path):
   assert task.unanswerable
 
 
+def test_an_unanswerable_question_with_answers_is_refused(tmp_path):
+  # "is_impossible": true with answers used to train as answered (the flag was
+  # not read); the two contradict each other, so neither is guessed at.
+  squad = json.loads(_squad(_RIGHT, _RIGHT))
+  squad["data"][0]["paragraphs"][0]["qas"][1]["is_impossible"] = True
+  config = _local(tmp_path, json.dumps(squad), _squad(_RIGHT), "train.json", "dev.json")
+  with pytest.raises(ValueError, match=(
+      rf"^{re.escape(str(tmp_path / 'train.json'))} question 2 \(id 'q2'\) is marked "
+      r'"is_impossible": true but has answers; .* so empty its answers or set '
+      r'"is_impossible": false\.$')):
+    tasks_lib.load(config)
+
+
 def test_a_bad_answer_start_is_refused_before_the_init_is_read(tmp_path):
   config = _local(tmp_path, _squad([{"text": "apple", "answer_start": 500}]),
                   _squad(_RIGHT), "train.json", "dev.json")

@@ -96,6 +96,10 @@ _SQUAD_LAYOUT = ('{"data": [{"paragraphs": [{"context": ..., "qas": [{"id": ...,
                  '"question": ..., "answers": [{"text": ..., "answer_start": ...}]}]}]}]}')
 
 
+class _Contradiction(Exception):
+  """A SQuAD 2.0 question both unanswerable and answered: (number, id)."""
+
+
 def _squad_rows(path: str, text: str) -> list[dict[str, Any]]:
   try:
     squad = json.loads(text)
@@ -108,12 +112,21 @@ def _squad_rows(path: str, text: str) -> list[dict[str, Any]]:
       for para in article["paragraphs"]:
         for qa in para["qas"]:
           answers = qa.get("answers", [])
+          if qa.get("is_impossible") is True and answers:
+            raise _Contradiction(len(rows) + 1, str(qa["id"]))
           rows.append({"id": str(qa["id"]), "context": str(para["context"]),
                        "question": str(qa["question"]),
                        "answers": [str(a["text"]) for a in answers],
                        "answer_start": int(answers[0]["answer_start"]) if answers else -1})
           spans.append([(str(a["text"]), a["answer_start"])
                         for a in answers if "answer_start" in a])
+  except _Contradiction as e:
+    n, qid = e.args
+    raise ValueError(
+        f"{path} question {n} (id {qid!r}) is marked \"is_impossible\": true but "
+        "has answers; a question the context does not answer has \"answers\": [] "
+        "(SQuAD 2.0 keeps such guesses under \"plausible_answers\"), so empty its "
+        "answers or set \"is_impossible\": false.") from None
   except (KeyError, TypeError, ValueError, AttributeError) as e:
     what = f"no {e.args[0]!r}" if isinstance(e, KeyError) else "an entry of another shape"
     raise ValueError(f"{path} is not a SQuAD file ({what}); a .json task file must be "
