@@ -16,6 +16,7 @@ from absl import logging
 import jax
 import jax.numpy as jnp
 
+from bertjax import compat
 from bertjax import metrics as metrics_lib
 from bertjax import objectives
 from bertjax import paths
@@ -159,6 +160,28 @@ def write_record(workdir: str, record: dict[str, Any], *,
   return path
 
 
+# Fields of the data stream and schedule that only training reads (the eval
+# pass packs with eval_seed, reads deterministically and applies no dropout).
+_TRAINING_ONLY = frozenset((
+    "seed", "shuffle_window", "dropout_rate", "attention_dropout_rate",
+    "learning_rate", "warmup_steps", "adam_b1", "adam_b2", "adam_eps",
+    "weight_decay", "grad_clip_norm"))
+# The safe fields that do move an evaluation's figures (to float rounding,
+# for the last three).
+_EVALUATION_SAFE = frozenset((
+    "eval_split", "eval_max_batches", "eval_seed", "data_dir", "mesh_shape",
+    "attention_impl", "sparse_last_layer"))
+
+
+def _moves_evaluation(change) -> bool:
+  """Whether a config change can make an evaluation's record differ: the data,
+  masking and numerics it reads, not the training loop's cadence or schedule."""
+  name = change.field.rsplit(".", 1)[-1]
+  if change.kind == compat.SAFE:
+    return name in _EVALUATION_SAFE
+  return name not in _TRAINING_ONLY
+
+
 def _require_prepared(config, data_dir: str) -> None:
   """Evaluation reads the data a training run prepared; it never makes any
   (the rest of the checks are prepare's, on what is there)."""
@@ -174,7 +197,6 @@ def _require_prepared(config, data_dir: str) -> None:
 def evaluate_checkpoint(config, workdir: str, step: int | None = None) -> dict[str, Any]:
   """Restores a checkpoint of ``workdir`` (latest by default) and evaluates it."""
   from bertjax import checkpointing
-  from bertjax import compat
   from bertjax import config_validation
   from bertjax import models
   from bertjax import objectives
@@ -195,6 +217,7 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None) -> dict[s
     raise ValueError(f"No checkpoint for step {step} in {checkpointer.directory}; "
                      f"pass --step as one of {sorted(steps)}.")
   checkpointer.check_intact(step)
+  saved = checkpointer.saved_config(step)
   # A read-only workdir (another user's run) is still evaluated; the record
   # is only printed, as said here before any device work.
   writable = paths.unwritable(workdir) is None
@@ -203,7 +226,7 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None) -> dict[s
                     "but not written to eval_%d.json; make it writable to keep it.",
                     workdir, step)
   # Evaluation reads only the parameters: just the layout has to agree.
-  compat.check(checkpointer.saved_config(step), config, checkpointer.where(step),
+  compat.check(saved, config, checkpointer.where(step),
                layout_only=True, evaluating=True)
   data_dir = prepare.resolve_data_dir(config, workdir)
   _require_prepared(config, data_dir)
@@ -220,6 +243,12 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None) -> dict[s
   record = evaluate_params(config, state.params, prepared, mesh, model,
                            objectives.get_objective(config))
   record = {"step": step, **record}
+  # What this evaluation was run with that the checkpoint was not (an other
+  # eval_seed, split, batch ...): why a record beside the training run's,
+  # eval_<step>-2.json, says something else.
+  changes = [c for c in compat.differences(saved, config) if _moves_evaluation(c)]
+  if changes:
+    record["config_changes"] = {c.field: [c.saved, c.new] for c in changes}
   if writable:
     logging.info("Wrote %s.", write_record(workdir, record, keep_others=True))
   return record

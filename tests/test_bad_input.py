@@ -190,10 +190,18 @@ def test_evaluate_keeps_the_training_runs_record(trained_workdir, demo_config,
   config = small_config(demo_config, demo_data, eval_max_batches=1)
   record = evaluation.evaluate_checkpoint(config, trained_workdir)
   assert record != training_record
+  # The record says what it was run with that the training run's was not.
+  assert record["config_changes"] == {"eval_max_batches": [2, 1]}
+  assert "config_changes" not in training_record
   with open(path) as f:
     assert json.load(f) == training_record
   with open(os.path.join(trained_workdir, "eval_2-2.json")) as f:
     assert json.load(f) == record
+  # A change only training reads (its length, its learning rate) is not one:
+  # the same figures, the training run's record, no third file.
+  config = small_config(demo_config, demo_data, num_train_steps=50, learning_rate=0.5)
+  assert evaluation.evaluate_checkpoint(config, trained_workdir) == training_record
+  assert not os.path.exists(os.path.join(trained_workdir, "eval_2-3.json"))
 
 
 @pytest.mark.parametrize("spec,devices,needle", [
