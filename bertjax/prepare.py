@@ -36,6 +36,7 @@ from bertjax.data import layout
 from bertjax.data import mixture
 from bertjax.data import prepare
 from bertjax.data import shards
+from bertjax.data import text_sources
 
 _CONFIG = config_files.define_config_flag(
     "Config file, e.g. configs/bert.py:tiny (bertjax's own if not found here).")
@@ -95,7 +96,10 @@ def main(argv):
               "instead of --verify", file=sys.stderr)
       sys.exit(1 if damaged else 0)
     if _REPAIR.value:
-      for removed in shards.remove_damaged(_verify(data_dir, required=False)):
+      reports = _verify(data_dir, required=False)
+      for dataset_dir in sorted({r.shard.dataset_dir for r in reports if r.problem}):
+        text_sources.check_rebuildable(dataset_dir)  # before anything is removed
+      for removed in shards.remove_damaged(reports):
         print(f"removed damaged {removed}; preparing it again")
     prepared = prepare.prepare(config, data_dir, beam_runner=_BEAM_RUNNER.value,
                                beam_options=_BEAM_OPTIONS.value)

@@ -152,3 +152,38 @@ def test_shards_without_manifest_are_verified_by_decoding(data_copy):
   bad = [r for r in reports if r.problem]
   assert [r.shard.path for r in bad] == [_shard(data_dir, _TOKENIZED, "validation")]
   assert "hash mismatch" in bad[0].problem
+
+
+def test_repair_refuses_to_rebuild_local_text_from_changed_files(demo_config, tmp_path):
+  """A damaged text dataset of the user's files is made again by --repair
+  only from the files it was made from: from changed ones it would no longer
+  be the text the run's tokenized shards (and any of their rebuilds) hold."""
+  from bertjax.data import text_sources
+  src = tmp_path / "src"
+  src.mkdir()
+  for n in range(3):
+    (src / f"{n}.txt").write_text(f"Document {n} starts here. It has a second sentence.\n")
+  config = demo_config.copy_and_resolve_references()
+  config.dataset, config.text_files = "bertjax_local_text", f"{src}/*.txt"
+  data_dir = str(tmp_path / "data")
+  dataset_dir = text_sources._local_text(config, data_dir, text_sources.Engine())
+  text_sources.check_rebuildable(dataset_dir)  # the same files: it may be rebuilt
+  _flip(os.path.join(dataset_dir, "bertjax_local_text-train.array_record-00000-of-00001"))
+  (src / "3.txt").write_text("A file added since. It was not read.\n")
+  before = _snapshot(data_dir)
+
+  args = (f"--config.data_dir={data_dir}", "--config.dataset=bertjax_local_text",
+          f"--config.text_files={src}/*.txt")
+  proc = _run("bertjax.prepare", *args, "--repair", workdir=tmp_path / "w")
+  assert proc.returncode == 2, proc.stderr
+  error = proc.stderr.strip().splitlines()[-1]
+  assert re.fullmatch(
+      rf"error: The files of --config.text_files='{re.escape(str(src))}/\*\.txt' have "
+      rf"changed since {re.escape(dataset_dir)} was prepared from them \(1 added "
+      rf"\({re.escape(str(src / '3.txt'))}\)\); put them back as they were to repair "
+      r"it \(--repair makes it again from them\), or point --config\.data_dir at a "
+      r"new directory to prepare them anew\.", error), error
+  assert "removed damaged" not in proc.stdout
+  assert _snapshot(data_dir) == before  # the damaged dataset is still there
+  (src / "3.txt").unlink()
+  text_sources.check_rebuildable(dataset_dir)  # put back: --repair may go on

@@ -178,6 +178,46 @@ def _warn_if_edited(stored: dict[str, Any], files: list[tuple[str, int, int]],
         ", ".join(edited[:3]) + (", …" if len(edited) > 3 else ""))
 
 
+def _files_now(found: list[str]) -> tuple[list[tuple[str, int, int]], str]:
+  """(path, size, mtime) of each file as it is now, and their fingerprint."""
+  files = []
+  for p in found:
+    stat = paths.path(p).stat()
+    files.append((paths.absolute(p), int(stat.length), int(stat.mtime or 0)))
+  return files, builders.files_fingerprint([f[:2] for f in files])
+
+
+def _changed_message(stored: dict[str, Any], files: list[tuple[str, int, int]],
+                     dataset_dir: str, purpose: str) -> str:
+  changes = _changed_files(stored, files)
+  return (f"The files of --config.text_files={stored.get('text_files')!r} have "
+          f"changed since {dataset_dir} was prepared from them"
+          f"{' (' + changes + ')' if changes else ''}; put them back as they "
+          f"were {purpose}, or point --config.data_dir at a new directory to "
+          f"prepare them anew.")
+
+
+def check_rebuildable(dataset_dir: str) -> None:
+  """ValueError unless the local text dataset at ``dataset_dir`` (damaged,
+  about to be removed by ``--repair``) would be made again from the same
+  files: rebuilt from files changed since, it would no longer be the text the
+  run's tokenized shards, and its resumes, were made of. Any other dataset,
+  or one whose record cannot be read, passes."""
+  if "bertjax_local_text" not in paths.path(dataset_dir).parts:
+    return
+  try:
+    stored = _stored(dataset_dir)
+  except Exception:  # pylint: disable=broad-except
+    return  # the record itself is damaged: nothing to compare with
+  if not stored or "files_fingerprint" not in stored:
+    return
+  found = builders.resolve_text_files(stored.get("text_files", ""), ())
+  files, fingerprint = _files_now(found) if found else ([], "")
+  if fingerprint != stored["files_fingerprint"]:
+    raise ValueError(_changed_message(
+        stored, files, dataset_dir, "to repair it (--repair makes it again from them)"))
+
+
 def _local_text(config, data_dir: str, engine: Engine) -> str:
   """Builds (if missing) the text dataset of config.text_files; returns its directory."""
   cfg = config.dataset.partition("/")[2] or "files"
@@ -190,11 +230,7 @@ def _local_text(config, data_dir: str, engine: Engine) -> str:
         "--config.text_files=%r matches no files now; using the text dataset "
         "prepared from them in %s.", text_files, dataset_dir)
     return dataset_dir
-  files = []
-  for p in found:
-    stat = paths.path(p).stat()
-    files.append((paths.absolute(p), int(stat.length), int(stat.mtime or 0)))
-  fingerprint = builders.files_fingerprint([f[:2] for f in files])
+  files, fingerprint = _files_now(found)
   if stored is not None:
     if stored.get("files_fingerprint") != fingerprint:
       if stored.get("text_files") != text_files:
@@ -202,13 +238,7 @@ def _local_text(config, data_dir: str, engine: Engine) -> str:
             f"{dataset_dir} was prepared from --config.text_files="
             f"{stored.get('text_files')!r}, not {text_files!r}; point "
             f"--config.data_dir at a new directory to prepare {text_files!r}.")
-      changes = _changed_files(stored, files)
-      raise ValueError(
-          f"The files of --config.text_files={text_files!r} have changed since "
-          f"{dataset_dir} was prepared from them"
-          f"{' (' + changes + ')' if changes else ''}; put them back as they "
-          f"were to go on with that data, or point --config.data_dir at a new "
-          f"directory to prepare them anew.")
+      raise ValueError(_changed_message(stored, files, dataset_dir, "to go on with that data"))
     _warn_if_edited(stored, files, dataset_dir)
     logging.info("Reusing text dataset %s.", dataset_dir)
     return dataset_dir
