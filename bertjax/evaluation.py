@@ -167,9 +167,10 @@ _TRAINING_ONLY = frozenset((
     "learning_rate", "warmup_steps", "adam_b1", "adam_b2", "adam_eps",
     "weight_decay", "grad_clip_norm"))
 # The safe fields that do move an evaluation's figures (to float rounding,
-# for the last three).
+# for the last three). Not data_dir: a moved directory holds the same data
+# (what it holds is named by the dataset and its tokenizer's fingerprint).
 _EVALUATION_SAFE = frozenset((
-    "eval_split", "eval_max_batches", "eval_seed", "data_dir", "mesh_shape",
+    "eval_split", "eval_max_batches", "eval_seed", "mesh_shape",
     "attention_impl", "sparse_last_layer"))
 
 
@@ -243,7 +244,7 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None) -> dict[s
   record = evaluate_params(config, state.params, prepared, mesh, model,
                            objectives.get_objective(config))
   record = {"step": step, **record}
-  # What this evaluation was run with that the checkpoint was not (an other
+  # What this evaluation was run with that the checkpoint was not (another
   # eval_seed, split, batch ...): why a record beside the training run's,
   # eval_<step>-2.json, says something else.
   changes = [c for c in compat.differences(saved, config) if _moves_evaluation(c)]
