@@ -332,7 +332,9 @@ def load(path: str, step: int | None = None):
       tokenizer files), read without writing anything; or a fine-tuning
       workdir (``python -m bertjax.finetune``).
     step: for a workdir, the checkpoint step (default the latest; for a
-      fine-tuning workdir, its best evaluation's).
+      fine-tuning workdir, its best evaluation's); the step of a workdir's
+      ``best_checkpoint/`` too, which ``path`` may also name directly
+      (``<workdir>/best_checkpoint``).
 
   Returns:
     A Model; for a fine-tuning workdir a ``finetune.inference.FineTuned``,
@@ -341,6 +343,12 @@ def load(path: str, step: int | None = None):
   from bertjax import checkpointing
   from bertjax.convert import workdir as workdir_lib
   from bertjax.finetune import inference
+  parent = os.path.dirname(str(path).rstrip("/"))
+  if (os.path.basename(str(path).rstrip("/")) == "best_checkpoint" and step is None
+      and checkpointing.best_step(parent) is not None):
+    # The best evaluation's checkpoint, named by its directory (a fine-tuning
+    # workdir loads it by default).
+    return load(parent, None if inference.is_workdir(parent) else checkpointing.best_step(parent))
   if inference.is_workdir(path):
     return inference.load(path, step)
   if paths.isdir(paths.join(path, "checkpoints")):

@@ -426,3 +426,33 @@ class BestCheckpoint:
   def close(self) -> None:
     if self._manager is not None:
       self._manager.close()
+
+
+def best_step(workdir: str) -> int | None:
+  """The step ``best_checkpoint/`` holds (``best.json``), or None."""
+  record = paths.join(workdir, "best_checkpoint", "best.json")
+  return int(paths.read_json(record)["step"]) if paths.exists(record) else None
+
+
+def open_step(workdir: str, step: int | None) -> tuple["Checkpointer", int]:
+  """A read-only Checkpointer holding ``step`` of a pretraining workdir, and
+  the step (the latest of ``checkpoints/`` when None; None when the workdir
+  has no checkpoint at all).
+
+  A step rotated out of ``checkpoints/`` but kept as the best evaluation's
+  is read from ``best_checkpoint/``. ValueError naming the steps there are
+  when ``step`` is neither; the caller says what to do when there is none.
+  """
+  checkpointer = Checkpointer(workdir, read_only=True)
+  steps = checkpointer.all_steps()
+  if step is None or step in steps:
+    return checkpointer, (max(steps) if step is None and steps else step)
+  best = best_step(workdir)
+  if not steps and best is None:
+    return checkpointer, None
+  checkpointer.close()
+  if step == best:
+    return Checkpointer(workdir, read_only=True, subdir="best_checkpoint"), step
+  kept = f" (or {best}, the best evaluation's, in best_checkpoint/)" if best else ""
+  raise ValueError(f"No checkpoint for step {step} in {checkpointer.directory}; "
+                   f"pass --step as one of {sorted(steps)}{kept}.")

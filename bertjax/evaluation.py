@@ -207,16 +207,10 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None) -> dict[s
 
   config_validation.validate(config)
   workdir = paths.absolute(workdir)
-  checkpointer = checkpointing.Checkpointer(workdir, read_only=True)
-  steps = checkpointer.all_steps()
-  if not steps:
+  checkpointer, step = checkpointing.open_step(workdir, step)
+  if step is None:
     raise ValueError(f"No checkpoint in {checkpointer.directory}; train first with "
                      "`python -m bertjax.main` on this --workdir.")
-  if step is None:
-    step = max(steps)
-  elif step not in steps:
-    raise ValueError(f"No checkpoint for step {step} in {checkpointer.directory}; "
-                     f"pass --step as one of {sorted(steps)}.")
   checkpointer.check_intact(step)
   saved = checkpointer.saved_config(step)
   # A read-only workdir (another user's run) is still evaluated; the record

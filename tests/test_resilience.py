@@ -419,3 +419,39 @@ def test_ctrl_c_outside_the_train_loop_is_one_line(tmp_path):
   assert "Traceback" not in text
   assert text.splitlines()[-1] == ("error: interrupted (Ctrl-C); run the same command "
                                    "again to go on from what was saved.")
+
+
+def test_a_best_checkpoint_rotated_out_of_checkpoints_is_still_read(
+    tmp_path, demo_config, demo_data):
+  """The best evaluation's checkpoint outlives the rolling ones; reading it by
+  its step, or by its directory, used to say it did not exist."""
+  import bertjax
+  from bertjax.convert import workdir as workdir_lib
+  config = run_config(demo_config, demo_data)
+  model = models.get_model(config)
+  tx = optim.make_optimizer(config)
+  mesh = sharding.make_mesh(config.mesh_shape)
+  best_state, _ = state_lib.create_train_state(model, tx, config, mesh)
+  newer = best_state.replace(params=jax.tree.map(lambda p: p + 1.0, best_state.params))
+  best = checkpointing.BestCheckpoint(str(tmp_path))
+  best.offer(4, 5.0, best_state, {"note": "x"}, config, "fp")
+  best.close()
+  rolling = checkpointing.Checkpointer(str(tmp_path), keep=1)
+  rolling.save(8, newer, {"note": "x"}, config, "fp")
+  rolling.wait()
+  rolling.close()
+
+  def first_leaf(params):
+    return np.asarray(jax.tree.leaves(params)[0])
+
+  want = {4: first_leaf(best_state.params), 8: first_leaf(newer.params)}
+  for step in (None, 4, 8):
+    _, params, got = workdir_lib.load_params(str(tmp_path), step)
+    assert got == (step or 8)
+    np.testing.assert_array_equal(first_leaf(params), want[got])
+  loaded = bertjax.load(str(tmp_path / "best_checkpoint"))
+  np.testing.assert_array_equal(first_leaf(loaded.params), want[4])
+  with pytest.raises(ValueError, match=(
+      r"No checkpoint for step 6 in .*checkpoints; pass --step as one of \[8\] "
+      r"\(or 4, the best evaluation's, in best_checkpoint/\)\.$")):
+    workdir_lib.load_params(str(tmp_path), 6)

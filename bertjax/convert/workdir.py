@@ -260,15 +260,11 @@ def load_params(workdir: str, step: int | None = None) -> tuple[dict[str, Any], 
   import orbax.checkpoint as ocp
   from bertjax import checkpointing
 
-  checkpointer = checkpointing.Checkpointer(workdir, read_only=True)
-  steps = checkpointer.all_steps()
-  if not steps:
+  checkpointer, step = checkpointing.open_step(workdir, step)
+  if step is None:
     raise ValueError(f"No checkpoint in {checkpointer.directory}; train or import first.")
-  step = max(steps) if step is None else step
-  if step not in steps:
-    raise ValueError(f"No checkpoint for step {step} in {checkpointer.directory}; "
-                     f"pass --step as one of {sorted(steps)}.")
   config = checkpointer.saved_config(step)
+  directory = checkpointer.directory
   checkpointer.close()
   if "model" not in config:
     raise ValueError(_not_an_encoder(workdir, config))
@@ -279,7 +275,7 @@ def load_params(workdir: str, step: int | None = None) -> tuple[dict[str, Any], 
       lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device),
       core.param_shapes(core.build_model(config)))
   manager = ocp.CheckpointManager(
-      paths.join(workdir, "checkpoints"),
+      directory,
       options=ocp.CheckpointManagerOptions(read_only=True),
       item_names=("state", "data", "config"))
   item = {"params": shapes}

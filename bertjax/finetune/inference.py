@@ -39,9 +39,9 @@ def is_workdir(path: str) -> bool:
 
 def _saved(workdir: str, step: int | None) -> tuple[str, int, dict[str, Any]]:
   """(checkpoint directory, step, saved config) to load."""
-  best = paths.join(workdir, "best_checkpoint", "best.json")
-  if step is None and paths.exists(best):
-    subdir, step = "best_checkpoint", int(paths.read_json(best)["step"])
+  best = checkpointing.best_step(workdir)
+  if best is not None and step in (None, best):  # the best, wherever else it is
+    subdir, step = "best_checkpoint", best
   else:
     subdir = "checkpoints"
   with checkpointing.quiet_read_only():
@@ -55,8 +55,9 @@ def _saved(workdir: str, step: int | None) -> tuple[str, int, dict[str, Any]]:
       step = max(steps)
     if step not in steps:
       checkpointer.close()
+      kept = f" (or {best}, the best evaluation's, in best_checkpoint/)" if best else ""
       raise ValueError(f"No checkpoint for step {step} in {checkpointer.directory}; "
-                       f"pass step as one of {sorted(steps)}.")
+                       f"pass step as one of {sorted(steps)}{kept}.")
     config = checkpointer.saved_config(step)
     checkpointer.close()
   return paths.join(workdir, subdir), step, config
