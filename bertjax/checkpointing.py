@@ -456,3 +456,25 @@ def open_step(workdir: str, step: int | None) -> tuple["Checkpointer", int]:
   kept = f" (or {best}, the best evaluation's, in best_checkpoint/)" if best else ""
   raise ValueError(f"No checkpoint for step {step} in {checkpointer.directory}; "
                    f"pass --step as one of {sorted(steps)}{kept}.")
+
+
+def read_while_training(workdir: str, step: int | None, read):
+  """``read(step)``, again on the new latest when a run training in
+  ``workdir`` removes the latest checkpoint (``keep_checkpoints``) while it
+  is read; a step the caller named that goes so is refused in one sentence.
+  ``read`` must write nothing before it has read the checkpoint."""
+  for _ in range(3):
+    try:
+      return read(step)
+    except FileNotFoundError:
+      if step is not None and paths.exists(paths.join(workdir, "checkpoints", str(step))):
+        raise  # not the rotation: something else is missing
+      if step is not None:
+        raise ValueError(
+            f"The checkpoint at step {step} in {paths.join(workdir, 'checkpoints')} "
+            "was removed while it was read (a run training there keeps only its "
+            "last config.keep_checkpoints); pass a --step it still has, or leave "
+            "--step out to read the latest.") from None
+      logging.info("The latest checkpoint of %s went while it was read (a run is "
+                   "training there); reading the new latest.", workdir)
+  return read(step)

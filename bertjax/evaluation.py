@@ -196,7 +196,15 @@ def _require_prepared(config, data_dir: str) -> None:
 
 
 def evaluate_checkpoint(config, workdir: str, step: int | None = None) -> dict[str, Any]:
-  """Restores a checkpoint of ``workdir`` (latest by default) and evaluates it."""
+  """Restores a checkpoint of ``workdir`` (latest by default) and evaluates
+  it; the latest of a run still training there even when the run removes it
+  meanwhile."""
+  from bertjax import checkpointing
+  return checkpointing.read_while_training(
+      workdir, step, lambda s: _evaluate_checkpoint(config, workdir, s))
+
+
+def _evaluate_checkpoint(config, workdir: str, step: int | None) -> dict[str, Any]:
   from bertjax import checkpointing
   from bertjax import config_validation
   from bertjax import models

@@ -455,3 +455,30 @@ def test_a_best_checkpoint_rotated_out_of_checkpoints_is_still_read(
       r"No checkpoint for step 6 in .*checkpoints; pass --step as one of \[8\] "
       r"\(or 4, the best evaluation's, in best_checkpoint/\)\.$")):
     workdir_lib.load_params(str(tmp_path), 6)
+
+
+def test_a_checkpoint_removed_while_it_is_read_is_read_again_or_named(tmp_path):
+  """A run training in the workdir rotates its checkpoints while load,
+  convert or evaluate reads one: the latest is read again; a named step
+  that went is refused in one sentence (it was a FileNotFoundError)."""
+  (tmp_path / "checkpoints" / "12").mkdir(parents=True)
+  calls = []
+
+  def read(step):  # the run removes step 8 while it is read, 12 is the new latest
+    calls.append(step)
+    if len(calls) == 1:
+      raise FileNotFoundError("Checkpoint at checkpoints/8 not found")
+    return "read the latest"
+
+  assert checkpointing.read_while_training(str(tmp_path), None, read) == "read the latest"
+  assert calls == [None, None]
+  calls.clear()
+  with pytest.raises(ValueError, match=(
+      r"^The checkpoint at step 8 in .*checkpoints was removed while it was read "
+      r"\(a run training there keeps only its last config\.keep_checkpoints\); pass a "
+      r"--step it still has, or leave --step out to read the latest\.$")):
+    checkpointing.read_while_training(str(tmp_path), 8, read)
+  # A file missing from a checkpoint that is still there is another fault.
+  calls.clear()
+  with pytest.raises(FileNotFoundError):
+    checkpointing.read_while_training(str(tmp_path), 12, read)

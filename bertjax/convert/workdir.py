@@ -254,8 +254,15 @@ def _not_an_encoder(workdir: str, config: dict[str, Any]) -> str:
 def load_params(workdir: str, step: int | None = None) -> tuple[dict[str, Any], Any, int]:
   """(saved config dict, params as numpy, step) of a bertjax workdir's checkpoint.
 
-  Restores only the params, not the optimizer state.
+  Restores only the params, not the optimizer state; the latest checkpoint
+  of a run still training there even when the run removes it meanwhile.
   """
+  from bertjax import checkpointing
+  return checkpointing.read_while_training(
+      workdir, step, lambda s: _load_params(workdir, s))
+
+
+def _load_params(workdir: str, step: int | None) -> tuple[dict[str, Any], Any, int]:
   import jax
   import orbax.checkpoint as ocp
   from bertjax import checkpointing
