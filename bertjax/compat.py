@@ -249,10 +249,20 @@ def check(saved: Mapping[str, Any], config, where: str, *,
   changes = differences(saved, config)
   layout = [c for c in changes if c.kind == LAYOUT]
   if layout:
-    way_out = (f"pass {_flags(layout)} to evaluate it with the config it was "
-               "trained with" if evaluating else
-               f"keep {_flags(layout)} to resume it, or pass a new --workdir to "
-               "train this config from scratch")
+    # Another variant's config (or an import's) has fields this one lacks,
+    # so flags cannot say it: name the config file instead.
+    other = any(c.field in _VARIANT_FIELDS or c.new is _ABSENT for c in layout)
+    named = _config_file(saved) if other else None
+    if named and evaluating:
+      way_out = f"pass {named}, the config it was trained with, to evaluate it"
+    elif named:
+      way_out = (f"pass {named}, the config it was trained with, to resume it, "
+                 "or a new --workdir to train this config from scratch")
+    elif evaluating:
+      way_out = f"pass {_flags(layout)} to evaluate it with the config it was trained with"
+    else:
+      way_out = (f"keep {_flags(layout)} to resume it, or pass a new --workdir to "
+                 "train this config from scratch")
     raise IncompatibleCheckpoint(
         f"{where} was trained with {_listing(layout, 'saved')} but the config "
         f"says {_listing(layout, 'new')}, which changes the saved state's "
@@ -270,6 +280,30 @@ def check(saved: Mapping[str, Any], config, where: str, *,
         f"it was, pass --config.allow_changes={names} to resume with the "
         "change, or pass a new --workdir.")
   return changes
+
+
+# Fields only a config file of another variant (or an import) changes.
+_VARIANT_FIELDS = ("model", "objective", "hf_model_type", "encoder")
+
+
+def _config_file(saved: Mapping[str, Any]) -> str | None:
+  """``--config=...`` of the shipped config that trains the saved model and
+  objective at its size, or None; an import's is ``configs/hf.py:<workdir>``."""
+  if saved.get("hf_model_type"):
+    return "--config=configs/hf.py:<the workdir> (an import's own config)"
+  from bertjax import config_files  # pylint: disable=import-outside-toplevel
+  size = saved.get("model_size")
+  for name in config_files.shipped_names():
+    if name in ("hf", "finetune"):
+      continue
+    try:
+      candidate = config_files.shipped(name).get_config(size)
+    except (ValueError, KeyError, TypeError):
+      continue
+    if all(candidate.get(f) == saved.get(f)
+           for f in ("model", "objective", "model_size", "encoder")):
+      return f"--config=configs/{name}.py:{size}"
+  return None
 
 
 def _listing(changes: list[Change], side: str) -> str:

@@ -385,6 +385,27 @@ def test_a_layout_refusal_when_evaluating_says_to_evaluate_with_the_saved_config
     compat.check(saved, config, "The checkpoint", layout_only=True)
 
 
+def test_another_variants_checkpoint_is_sent_to_its_config_file():
+  # The flags named used to be ones this config lacks (Unknown config field
+  # 'embedding_size' when followed); an import's have no file of their own.
+  from bertjax import config_files
+  bert = config_files.shipped("bert").get_config("tiny")
+  for name, size in (("electra", "tiny"), ("roberta", "mini"), ("xlnet", "tiny")):
+    saved = compat.as_json(config_files.shipped(name).get_config(size))
+    with pytest.raises(compat.IncompatibleCheckpoint, match=(
+        rf"; pass --config=configs/{name}\.py:{size}, the config it was trained "
+        r"with, to evaluate it\.$")):
+      compat.check(saved, bert, "The checkpoint", layout_only=True, evaluating=True)
+    with pytest.raises(compat.IncompatibleCheckpoint, match=(
+        rf"; pass --config=configs/{name}\.py:{size}, the config it was trained "
+        r"with, to resume it, or a new --workdir")):
+      compat.check(saved, bert, "The checkpoint")
+  imported = dict(compat.as_json(bert), hf_model_type="bert", tokenizer="hf")
+  with pytest.raises(compat.IncompatibleCheckpoint,
+                     match=r"pass --config=configs/hf\.py:<the workdir>"):
+    compat.check(imported, bert, "The checkpoint", layout_only=True, evaluating=True)
+
+
 class _Dict(dict):
   """A dict with ConfigDict's ``get`` and ``to_dict``."""
 
