@@ -55,17 +55,29 @@ HBM_BYTES: dict[str, int] = {
 }
 
 
+# A slice of each generation: its chips' grid has 2 axes (v5e, v6e) or up to
+# 3 (v4, v5p: a 2-axis grid is one chip deep).
+_EXAMPLES = {"v4": "v4:2x2x2", "v5e": "v5e:4x4", "v5litepod": "v5litepod:4x4",
+             "v5p": "v5p:2x2x2", "v6e": "v6e:4x4"}
+
+
 def get_topology_devices(topology: str) -> list[Any]:
   """The devices of a TPU ``topology`` such as 'v5e:16x16' or 'v5p:2x2x2'.
 
   Raises:
     ValueError: when the generation is unknown or libtpu is missing.
   """
-  generation = topology.split(":")[0]
+  generation, _, grid = topology.partition(":")
   if generation not in HBM_BYTES:
     raise ValueError(
         f"Unknown TPU generation in --topology={topology!r}; use one of "
         f"{', '.join(HBM_BYTES)} followed by ':' and the chip grid, e.g. v5e:4x4.")
+  axes = grid.split("x")
+  most = len(_EXAMPLES[generation].split("x"))  # 2 (v5e, v6e) or 3 axes
+  if not all(a.isdigit() and int(a) > 0 for a in axes) or not 2 <= len(axes) <= most:
+    raise ValueError(
+        f"--topology={topology!r} gives no chip grid of {generation}'s shape; "
+        f"write it as {generation}:{'x'.join(['N'] * most)}, e.g. {_EXAMPLES[generation]}.")
   try:
     import libtpu  # noqa: F401  (the compiler behind the topology)
   except ImportError as e:
@@ -73,7 +85,13 @@ def get_topology_devices(topology: str) -> list[Any]:
         "AOT compilation for TPU needs libtpu; install it with "
         "pip install libtpu (in a checkout, the tpu extra).") from e
   from jax.experimental import topologies
-  return list(topologies.get_topology_desc(topology, "tpu").devices)
+  try:
+    return list(topologies.get_topology_desc(topology, "tpu").devices)
+  except Exception as e:  # libtpu's JaxRuntimeError: INVALID_ARGUMENT ...
+    reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    raise ValueError(
+        f"libtpu has no {generation} slice of --topology={topology!r} ({reason}); "
+        f"give a grid a {generation} slice has, e.g. {_EXAMPLES[generation]}.") from None
 
 
 def _abstract(tree: Any, shardings: Any) -> Any:
@@ -135,7 +153,7 @@ def compile_for_topology(config, topology: str) -> dict[str, Any]:
   """
   import time
   devices = get_topology_devices(topology)
-  mesh = sharding.make_mesh(config.mesh_shape, devices)
+  mesh = sharding.make_mesh(config.mesh_shape, devices, f"in --topology={topology}")
   config_validation.check_sharded_dims(config, dict(mesh.shape))
   ways = sharding.batch_parallelism(mesh) * int(config.get("microbatches", 1))
   if config.batch_size % ways:

@@ -40,7 +40,8 @@ LOGICAL_RULES: tuple[tuple[str, Any], ...] = (
 )
 
 
-def parse_mesh_shape(spec: str, num_devices: int) -> tuple[int, int, int]:
+def parse_mesh_shape(spec: str, num_devices: int,
+                     where: str = "present") -> tuple[int, int, int]:
   """Parses ``config.mesh_shape`` ("data,fsdp,tensor", one entry may be -1).
 
   Raises:
@@ -74,7 +75,7 @@ def parse_mesh_shape(spec: str, num_devices: int) -> tuple[int, int, int]:
   if math.prod(dims) != num_devices:
     raise ValueError(
         f"config.mesh_shape={spec!r} uses {math.prod(dims)} devices but "
-        f"{_devices(num_devices)} present; make the product equal the device "
+        f"{_devices(num_devices)} {where}; make the product equal the device "
         "count or use -1 for one axis.")
   return tuple(dims)  # type: ignore[return-value]
 
@@ -83,10 +84,12 @@ def _devices(count: int) -> str:
   return "1 device is" if count == 1 else f"{count} devices are"
 
 
-def make_mesh(spec: str, devices: list[jax.Device] | None = None) -> Mesh:
-  """A Mesh with axes MESH_AXES over ``devices`` (default: all devices)."""
+def make_mesh(spec: str, devices: list[jax.Device] | None = None,
+              where: str = "present") -> Mesh:
+  """A Mesh with axes MESH_AXES over ``devices`` (default: all devices);
+  ``where`` says where the devices are in a refusal ("in --topology=...")."""
   devices = list(jax.devices() if devices is None else devices)
-  shape = parse_mesh_shape(spec, len(devices))
+  shape = parse_mesh_shape(spec, len(devices), where)
   return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
 
 

@@ -215,6 +215,28 @@ def _libtpu_missing_reason():
   return None
 
 
+@pytest.mark.parametrize("topology,shape", [
+    ("v5e", "v5e:NxN"), ("v5e:", "v5e:NxN"), ("v5e:2x2x2", "v5e:NxN"),
+    ("v5e:ax2", "v5e:NxN"), ("v5e:0x2", "v5e:NxN"), ("v5p:8", "v5p:NxNxN")])
+def test_a_topology_without_a_chip_grid_of_its_shape_is_one_sentence(topology, shape):
+  # v5e:2x2x2 used to be taken as 8 chips, v5e alone to end in libtpu's traceback.
+  from bertjax import aot
+  with pytest.raises(ValueError, match=(
+      rf"^--topology='{topology}' gives no chip grid of {topology.split(':')[0]}'s "
+      rf"shape; write it as {shape}, e.g. ")):
+    aot.get_topology_devices(topology)
+
+
+@pytest.mark.skipif(_libtpu_missing_reason() is not None,
+                    reason=str(_libtpu_missing_reason()))
+def test_a_grid_libtpu_has_no_slice_of_is_one_sentence():
+  from bertjax import aot
+  with pytest.raises(ValueError, match=(
+      r"^libtpu has no v5e slice of --topology='v5e:3x3' \(INVALID_ARGUMENT: .*\); "
+      r"give a grid a v5e slice has, e\.g\. v5e:4x4\.$")):
+    aot.get_topology_devices("v5e:3x3")
+
+
 @pytest.mark.skipif(_libtpu_missing_reason() is not None,
                     reason=str(_libtpu_missing_reason()))
 def test_aot_compiles_for_small_tpu_topology_with_fsdp(demo_config):
@@ -266,3 +288,8 @@ def test_aot_refuses_a_tensor_axis_that_cannot_split_the_heads(demo_config):
   config = _config(demo_config, batch_size=8, mesh_shape="1,1,4")
   with pytest.raises(ValueError, match=r"num_heads=2.*tensor"):
     aot.compile_for_topology(config, "v5e:2x2")
+  # A mesh of other size than the topology names the topology, not "present".
+  with pytest.raises(ValueError, match=(
+      r"uses 8 devices but 4 devices are in --topology=v5e:2x2; make the product")):
+    aot.compile_for_topology(_config(demo_config, batch_size=8, mesh_shape="2,4,1"),
+                             "v5e:2x2")
