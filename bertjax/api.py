@@ -358,6 +358,9 @@ def load(path: str, step: int | None = None):
       config, params, _ = workdir_lib.load_params(path, step)
     return Model(config, params, _workdir_tokenizer(config, paths.absolute(path)))
   if _is_hf_dir(path):
+    if step is not None:
+      raise ValueError(f"{path} is a Hugging Face model directory, which holds one "
+                       f"set of weights and no steps; leave step={step} out.")
     fields, params, initialised, _, tokenizer = workdir_lib.load_hf(path)
     return Model(fields, params, tokenizer, fresh_heads=initialised)
   if any(paths.exists(paths.join(path, name)) for name in _RUN_STARTED):

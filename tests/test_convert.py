@@ -76,6 +76,10 @@ def test_vocab_order_moves_only_specials_and_displaced_ids():
 def test_hidden_states_and_logits_match_pytorch(hf_bert):
   from bertjax import api
   path, hf_model = hf_bert
+  with pytest.raises(ValueError, match=(  # a step used to be ignored
+      r"is a Hugging Face model directory, which holds one set of weights and no "
+      r"steps; leave step=10 out\.$")):
+    api.load(path, step=10)
   model = api.load(path)
   tok = model.tokenizer
   assert tok.special_ids == [0, 100, 101, 102, 103]
