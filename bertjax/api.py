@@ -368,6 +368,7 @@ def load(path: str, step: int | None = None):
         f"{path} is a bertjax workdir whose run has saved no checkpoint yet; load "
         "it once the first one is written (every config.checkpoint_every_steps "
         "steps, and at the end).")
+  paths.require_bucket(path, "path")  # a mistyped bucket, said as such
   raise ValueError(
       f"{path} is neither a bertjax workdir (no checkpoints/) nor a Hugging Face "
       "model directory (config.json + model.safetensors); pass one of those.")

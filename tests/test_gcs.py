@@ -354,6 +354,9 @@ def test_a_missing_bucket_is_refused_before_any_work(gcs, demo_config, tmp_path,
              str(tmp_path / "no-init"), f"{missing}/ft")
   with pytest.raises(ValueError, match=r"^--to_hf=.* does not exist"):
     workdir_lib.export_hf(str(tmp_path), f"{missing}/hf")
+  from bertjax import api
+  with pytest.raises(ValueError, match=r"^path=gs://no-such-bucket-xyz/w lies in .* does not exist"):
+    api.load(f"{missing}/w")
   # A glob in a missing bucket matches nothing, as a local one would.
   assert builders.resolve_text_files(f"{missing}/text/*.txt") == []
   # An empty bucket exists.
