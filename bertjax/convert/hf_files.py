@@ -6,11 +6,17 @@ Weights are read from ``model.safetensors`` (or its sharded index) with the
 which refuses arbitrary pickled objects; torch is then required (the ``hf``
 extra). Writing is always safetensors. Directories may be local or gs://
 (bertjax/paths.py); safetensors files are read and written as bytes.
+
+A file that cannot be read (a config.json that is not JSON, a weights file cut
+short, a pickle that holds more than tensors) is refused in one sentence that
+names it and the fix.
 """
 
 from __future__ import annotations
 
 import json
+import pickle
+import re
 from typing import Any, Mapping
 
 import numpy as np
@@ -33,12 +39,29 @@ def read_config(hf_dir: str) -> dict[str, Any]:
     raise ValueError(
         f"{hf_dir} has no config.json; pass --from_hf a Hugging Face model "
         "directory (as written by save_pretrained).")
-  return paths.read_json(path)
+  try:
+    config = json.loads(paths.read_text(path))
+  except ValueError as e:  # also a UnicodeDecodeError
+    raise ValueError(
+        f"{path} is not valid JSON ({e}); restore the file (save_pretrained "
+        "writes it) or pass --from_hf another model directory.") from None
+  if not isinstance(config, dict):
+    raise ValueError(
+        f"{path} holds a JSON {type(config).__name__}, not an object of model "
+        "settings; restore the file (save_pretrained writes it) or pass "
+        "--from_hf another model directory.")
+  return config
 
 
 def _safetensors(path: str) -> dict[str, np.ndarray]:
+  from safetensors import SafetensorError
   from safetensors.numpy import load
-  return load(paths.path(path).read_bytes())
+  try:
+    return load(paths.path(path).read_bytes())
+  except SafetensorError as e:
+    raise ValueError(
+        f"{path} cannot be read as safetensors ({e}): it is damaged or cut "
+        "short; download or save it again.") from None
 
 
 def _torch_bin(path: str) -> dict[str, np.ndarray]:
@@ -49,9 +72,34 @@ def _torch_bin(path: str) -> dict[str, np.ndarray]:
         f"{path} is a PyTorch pickle, which needs torch to read; install it "
         "(pip install torch==2.13.0, the CPU wheel; in a checkout, the hf extra) "
         "or convert the file to model.safetensors.") from None
-  state = torch.load(paths.fetched(path), map_location="cpu", weights_only=True)
+  try:
+    state = torch.load(paths.fetched(path), map_location="cpu", weights_only=True)
+  except pickle.UnpicklingError as e:
+    found = re.search(r"GLOBAL (\S+)", str(e))
+    if found is None:
+      raise ValueError(_damaged(path, e)) from None
+    # weights_only refused to run what the pickle names: say so, briefly.
+    raise ValueError(
+        f"{path} cannot be read as weights only: its pickle calls "
+        f"{found.group(1)}, which bertjax does not run; convert it to "
+        "model.safetensors where you trust the file (transformers' "
+        "save_pretrained(..., safe_serialization=True)) and import that.") from None
+  except (RuntimeError, EOFError, KeyError, ValueError) as e:
+    raise ValueError(_damaged(path, e)) from None
+  if not isinstance(state, dict) or not all(
+      isinstance(v, torch.Tensor) for v in state.values()):
+    raise ValueError(
+        f"{path} holds no plain state dict of tensors (a whole training "
+        "checkpoint?); save the model's state_dict, or model.safetensors, and "
+        "import that.")
   return {k: v.float().numpy() if v.is_floating_point() else v.numpy()
           for k, v in state.items()}
+
+
+def _damaged(path: str, error: Exception) -> str:
+  first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+  return (f"{path} cannot be read as a PyTorch checkpoint ({first}): it is "
+          "damaged or cut short; download or save it again.")
 
 
 def read_tensors(hf_dir: str) -> dict[str, np.ndarray]:

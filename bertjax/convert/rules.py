@@ -120,6 +120,12 @@ def to_bertjax(rule: Rule, array: np.ndarray, shape: Sequence[int],
   if rule.kind == "linear":
     array = array.T
   if rule.vocab and order is not None:
+    if array.shape[0] != len(order):  # before indexing: a row past the end
+      raise ValueError(
+          f"HF tensor {rule.hf} has {array.shape[0]} vocabulary rows but "
+          f"config.json's vocab_size is {len(order)}; set vocab_size to "
+          f"{array.shape[0]} in config.json if the weights are right, or pass "
+          "--from_hf the weights saved with this config.json.")
     array = array[order]
   array = array[rule.skip_rows:]
   if array.size != int(np.prod(shape)):

@@ -116,8 +116,11 @@ def _load_hf(hf_dir: str, tokenizer_dir: str | None, seed: int):
   fields["hf_special_ids"] = tuple(tokenizer.special_ids)
   shapes = core.param_shapes(mapping.build_model(fields, _float32()))
   tensors = {**hf_files.read_tensors(hf_dir), **companion}
-  params, initialised, unused = core.hf_to_params(
-      mapping, fields, tensors, shapes, tokenizer.order, seed)
+  try:
+    params, initialised, unused = core.hf_to_params(
+        mapping, fields, tensors, shapes, tokenizer.order, seed)
+  except ValueError as e:  # the rules' messages name tensors, not the directory
+    raise ValueError(f"{hf_dir}: {e}") from None
   kept = core.dropped_rows(mapping, fields, tensors)
   kept.update({name: tensors[name] for name in getattr(mapping, "KEPT_WHOLE", ())
                if name in tensors and name in unused})
