@@ -138,7 +138,7 @@ def check_variant(config) -> None:
   from bertjax import objectives
   try:
     objectives.get_objective(config)
-    models.get_model(config)
+    model = models.get_model(config)
   except (AttributeError, KeyError) as e:
     field = str(e).strip("\"'").split("'")[0]
     if not field or field in config:
@@ -148,7 +148,27 @@ def check_variant(config) -> None:
         f"{field!r}, which this config does not have; start from the shipped "
         f"config of that system (e.g. --config=configs/{config.get('objective')}.py:"
         f"{config.get('model_size', 'base')}).") from None
+  _check_model(config, model)
   _check_knowledge(config)
+
+
+def _check_model(config, model) -> None:
+  """The objective must be able to train the model (``model_mismatch``): an
+  ELECTRA step on a BERT failed only after data, init and the workdir."""
+  from bertjax import objectives
+  reason = objectives.model_mismatch(config.objective, config.model, model)
+  if reason is None:
+    return
+  if "sentence head" in reason:
+    fix = "set --config.sentence_head=True, or --config.objective=mlm_only"
+  else:
+    wanted = objectives.models_for(config.objective)[0]
+    size = config.get("model_size", "base")
+    fix = (f"set --config.model={wanted}, or start from the shipped config of "
+           f"model {config.model!r} (e.g. --config=configs/{config.model}.py:"
+           f"{size if size != 'custom' else 'base'})")
+  raise ValueError(f"config.objective={config.objective!r} cannot train "
+                   f"config.model={config.model!r}: {reason}; {fix}.")
 
 
 def check_optimizer_numbers(config) -> None:

@@ -117,6 +117,25 @@ def test_an_objective_on_another_systems_config_names_the_missing_field(tmp_path
       tmp_path / "run")
 
 
+@pytest.mark.parametrize("system, field, value, words", [
+    # ELECTRA's step on a BERT died in training ("no attribute 'generate'"),
+    # after data, init, checkpoints/ and metrics.jsonl.
+    ("electra", "model", "bert", r"^config.objective='electra' cannot train "
+     r"config.model='bert': it runs only with 'electra'; set "
+     r"--config.model=electra, or start from the shipped config of model 'bert' "
+     r"\(e.g. --config=configs/bert.py:tiny\).$"),
+    ("roberta", "model", "xlnet", r"it runs only with 'bert', 'albert', 'deberta' "
+     r"or 'spanbert'; set --config.model=bert"),
+    ("bert", "sentence_head", False, r"its sentence-level task needs a sentence "
+     r"head, which this model is built without; set --config.sentence_head=True"),
+])
+def test_an_objective_the_model_cannot_run_is_refused(system, field, value, words,
+                                                       tmp_path):
+  config = config_files.load(f"{system}:tiny")
+  config[field] = value
+  _refused_before_the_workdir(config, words, tmp_path / "run")
+
+
 def test_evaluate_refuses_top_k_zero_before_reading_the_workdir(tmp_path):
   # --top_k=0 printed empty fillings; now refused before the checkpoint is
   # read (here there is none: the refusal must come first).

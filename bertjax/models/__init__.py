@@ -51,6 +51,12 @@ def get_model(config: ml_collections.ConfigDict) -> nn.Module:
   return _BUILDERS[config.model](config, _DTYPES[config.dtype])
 
 
+def has_sentence_head(model: nn.Module) -> bool:
+  """Whether ``model`` (from ``get_model``) returns ``nsp_logits``: a pooler
+  and a two-way sentence head (NSP or SOP)."""
+  return bool(getattr(model, "sentence_head", False))
+
+
 def count_params(params: Any) -> int:
   """Number of scalars in a parameter tree (boxed or not, arrays or shapes)."""
   return int(sum(np.prod(leaf.shape, dtype=np.int64)

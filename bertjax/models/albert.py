@@ -32,7 +32,7 @@ Parameter tree (``n`` = 1 for a shared sublayer, L otherwise)::
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
 
 import flax.linen as nn
 import jax
@@ -215,6 +215,8 @@ class AlbertForPretraining(nn.Module):
   layer_norm_eps: float = layers.LAYER_NORM_EPS
   activation: str = "gelu"
   attention_impl: str = "xla"
+  # Always built (``models.has_sentence_head``); not a field.
+  sentence_head: ClassVar[bool] = True
 
   def setup(self):
     self.embeddings = FactorizedEmbeddings(

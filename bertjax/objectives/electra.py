@@ -106,6 +106,7 @@ class ElectraObjective(mlm_only.MlmOnlyObjective):
   # metric so that gradient accumulation (train._accumulate) adds the terms
   # with the right weight.
   loss_terms = ("mlm_loss", "disc_weighted_loss")
+  models = ("electra",)  # calls model.generate, reads rtd_logits
 
   def __init__(self, config: Any):
     super().__init__(config)

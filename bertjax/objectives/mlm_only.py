@@ -33,6 +33,10 @@ from bertjax.objectives import mlm
 
 class MlmOnlyObjective:
   """Masked LM over any layout, no sentence head (see base.Objective)."""
+  # The models returning mlm_logits from the usual inputs (SpanBERT's SBO
+  # head then goes untrained).
+  models = ("bert", "albert", "deberta", "spanbert")
+  needs_sentence_head = False
 
   def __init__(self, config: Any):
     self.mlm = mlm.MlmSettings.from_config(config)

@@ -34,8 +34,12 @@ class SentencePairObjective:
       ``<task>_accuracy``) and of its labels in the targets
       (``<task>_labels``). The model's two-way head output is ``nsp_logits``
       whatever the task (bertjax/objectives/base.py).
+    models, needs_sentence_head: what it needs of config.model
+      (bertjax/objectives/__init__.py): a model with a sentence head.
   """
   task = ""
+  models = ("bert", "albert", "deberta")
+  needs_sentence_head = True
 
   def __init__(self, config: Any):
     self.mlm = mlm.MlmSettings.from_config(config)

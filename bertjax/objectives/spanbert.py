@@ -76,6 +76,8 @@ class SpanBertObjective:
   are the MLM ones. Metrics: mlm_loss, mlm_accuracy, sbo_loss, sbo_accuracy
   and loss = mean MLM loss + mean SBO loss.
   """
+  models = ("spanbert",)  # reads sbo_logits
+  needs_sentence_head = False
 
   def __init__(self, config: Any):
     self.mlm = mlm.MlmSettings.from_config(config)

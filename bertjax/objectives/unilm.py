@@ -50,6 +50,7 @@ class UnilmObjective(bert.BertObjective):
   task = "nsp"
   # The per-type MLM losses are views of mlm_loss, not terms of the loss.
   loss_terms = ("mlm_loss", "nsp_loss")
+  models = ("bert",)  # the one model that reads an attention_mask input
 
   def __init__(self, config: Any, mask_type: int | None = None):
     super().__init__(config)

@@ -133,6 +133,8 @@ def slots_from_rank(rank: jax.Array, num_predict: jax.Array,
 
 class XLNetObjective:
   """Permutation LM with two-stream attention (see the module docstring)."""
+  models = ("xlnet",)  # feeds the query stream and permutation masks
+  needs_sentence_head = False
 
   def __init__(self, config: Any):
     self.k = float(config.partial_prediction_k)
