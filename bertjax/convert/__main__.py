@@ -70,8 +70,7 @@ def main(argv):
     return
   model_type = hf_files.read_config(_FROM_HF.value).get("model_type", "")
   mapping = convert.mapping_for_hf(model_type)
-  base = _CONFIG.value or _default_config(
-      getattr(mapping, "BASE_CONFIG", mapping.BERTJAX_MODEL))
+  base = _CONFIG.value or _default_config(workdir_lib.base_config_name(mapping))
   report = workdir_lib.import_hf(_FROM_HF.value, _WORKDIR.value, base)
   for head in report.initialised:
     print(f"note: the checkpoint has no {head} head; it was freshly initialised.")

@@ -32,12 +32,9 @@ _EXPORT_NAMES = frozenset(("config.json", hf_files.SAFETENSORS, "generator", MAN
 _COMPANION_NAMES = frozenset(("config.json", hf_files.SAFETENSORS))
 
 
-def _is_bertjax_workdir(directory: epath.Path) -> bool:
-  if (directory / "checkpoints").exists():
-    return True
-  config = directory / "config.json"
-  if not config.is_file():
-    return False
+def is_bertjax_config(config: epath.Path) -> bool:
+  """Whether the file ``config`` is a config.json bertjax wrote (a workdir's),
+  not Hugging Face's or anyone else's."""
   try:
     saved = json.loads(config.read_text())
   except (ValueError, UnicodeDecodeError):
@@ -45,6 +42,13 @@ def _is_bertjax_workdir(directory: epath.Path) -> bool:
   # HF's config.json names a model_type; bertjax's a model or a task.
   return isinstance(saved, dict) and "model_type" not in saved and (
       "model" in saved or "task" in saved)
+
+
+def _is_bertjax_workdir(directory: epath.Path) -> bool:
+  if (directory / "checkpoints").exists():
+    return True
+  config = directory / "config.json"
+  return config.is_file() and is_bertjax_config(config)
 
 
 def _earlier_files(directory: epath.Path) -> list[str] | None:

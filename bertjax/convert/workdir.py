@@ -25,6 +25,12 @@ refused import leaves the workdir as it was, and one that did not exist is not
 created. Entries of the import's names already in the workdir (left by an
 interrupted import: ``tokenizer/``, ``config.json``, an empty
 ``checkpoints/``) are replaced whole on success.
+
+Refused before anything is read or written (``_check_target``): a workdir
+that is the HF model directory or lies inside it (an import never writes
+into ``--from_hf``), one holding a config.json bertjax did not write (another
+HF model directory), and a base config whose objective cannot train the
+imported model (``objectives.model_mismatch``: ELECTRA's on a BERT).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import uuid
 from typing import Any, Iterator
 
@@ -96,8 +103,9 @@ def load_hf(hf_dir: str, tokenizer_dir: str | None = None, seed: int = 0):
   return _load_hf(hf_dir, tokenizer_dir, seed)[:5]
 
 
-def _load_hf(hf_dir: str, tokenizer_dir: str | None, seed: int):
-  """``load_hf`` plus the HF rows the params leave out (``core.dropped_rows``)."""
+def _read_fields(hf_dir: str):
+  """(mapping module, bertjax model fields, companion tensors) of an HF model
+  directory, from its config.json: nothing is written."""
   hf_config = hf_files.read_config(hf_dir)
   mapping = convert.mapping_for_hf(hf_config.get("model_type", ""))
   # A mapping may read a companion checkpoint beside the model (ELECTRA's
@@ -106,6 +114,19 @@ def _load_hf(hf_dir: str, tokenizer_dir: str | None, seed: int):
                                  if hasattr(mapping, "read_companion") else (None, {}))
   fields = (mapping.model_fields(hf_config, companion_config) if companion_config
             else mapping.model_fields(hf_config))
+  return mapping, fields, companion
+
+
+def base_config_name(mapping) -> str:
+  """The shipped config an import of ``mapping``'s models starts from."""
+  return getattr(mapping, "BASE_CONFIG", mapping.BERTJAX_MODEL)
+
+
+def _load_hf(hf_dir: str, tokenizer_dir: str | None, seed: int, read=None):
+  """``load_hf`` plus the HF rows the params leave out (``core.dropped_rows``);
+  ``read``: what ``_read_fields`` returned, if it ran already."""
+  mapping, fields, companion = read or _read_fields(hf_dir)
+  fields = dict(fields)
   if tokenizer_dir is None:
     tokenizer = hf_tokenizers.HfTokenizer(
         hf_dir, special=hf_tokenizers.special_tokens(hf_dir, mapping.SPECIAL_TOKENS),
@@ -135,6 +156,56 @@ def _float32():
 def _absolute(path: str) -> epath.Path:
   """``path`` as an epath; a local one made absolute (it is recorded in the config)."""
   return paths.path(path)
+
+
+def _resolved(path: str) -> str:
+  """``path`` absolute with symlinks followed (a URL as given, no trailing /)."""
+  return paths.absolute(path) if paths.is_remote(path) else os.path.realpath(
+      paths.absolute(path))
+
+
+def _check_target(hf_dir: str, workdir: str) -> None:
+  """Refuses a --workdir whose files the import would destroy (one sentence):
+  the HF model directory itself or a directory inside it (an import only
+  reads --from_hf), a --from_hf inside an entry the import replaces, and a
+  directory with a config.json bertjax did not write."""
+  source, target = _resolved(hf_dir), _resolved(workdir)
+  if target == source or target.startswith(source.rstrip("/") + "/"):
+    where = ("is the --from_hf directory itself" if target == source
+             else f"lies inside the --from_hf directory {hf_dir}")
+    raise ValueError(
+        f"--workdir={workdir} {where}, which the import only reads and must not "
+        "write into (its config.json would be replaced); pass --workdir a new "
+        "directory outside it.")
+  if source.startswith(target + "/") and source[len(target) + 1:].split("/")[0] in (
+      TOKENIZER_DIR, CONFIG_FILE, "checkpoints", KEPT_FILE):
+    raise ValueError(
+        f"--from_hf={hf_dir} lies inside the --workdir's "
+        f"{source[len(target) + 1:].split('/')[0]}, which the import replaces; "
+        "copy the model directory elsewhere first or pass another --workdir.")
+  config = paths.path(workdir) / CONFIG_FILE
+  if config.is_file() and not export_target.is_bertjax_config(config):
+    raise ValueError(
+        f"--workdir={workdir} holds a config.json that bertjax did not write "
+        "(a Hugging Face model directory?), which the import would replace; "
+        "pass --workdir a new directory.")
+
+
+def _check_objective(base_config, mapping, fields) -> None:
+  """Refuses a base config whose objective cannot train the imported model
+  (e.g. ELECTRA's on a BERT), which training found only after its data."""
+  from bertjax import objectives
+  objective = base_config.get("objective")
+  if objective is None:
+    return
+  reason = objectives.model_mismatch(
+      objective, fields["model"], mapping.build_model(fields, _float32()))
+  if reason is not None:
+    raise ValueError(
+        f"--config has objective {objective!r}, which cannot train the imported "
+        f"{fields['model']!r} model: {reason}; leave --config out, or pass a "
+        f"config of that model's system (e.g. --config=configs/"
+        f"{base_config_name(mapping)}.py:base).")
 
 
 @contextlib.contextmanager
@@ -183,7 +254,8 @@ def import_hf(hf_dir: str, workdir: str, base_config) -> ImportReport:
 
   Args:
     hf_dir: the HF model directory.
-    workdir: a new bertjax workdir, or one without checkpoints.
+    workdir: a new bertjax workdir, or one without checkpoints; not inside
+      ``hf_dir`` and without a config.json of anyone but bertjax.
     base_config: the ConfigDict whose training and data fields the run keeps
       (e.g. configs/bert.py:base); its model fields are replaced.
 
@@ -199,16 +271,20 @@ def import_hf(hf_dir: str, workdir: str, base_config) -> ImportReport:
 
   paths.require_directory(workdir, "--workdir")
   paths.require_writable(workdir, "--workdir", "the workdir")
+  _check_target(hf_dir, workdir)
   workdir = _absolute(workdir)
   checkpoints = workdir / "checkpoints"
   if checkpoints.is_dir() and any(checkpoints.iterdir()):
     raise ValueError(
         f"{workdir} already has checkpoints; pass a new --workdir to import into.")
+  read = _read_fields(hf_dir)
+  _check_objective(base_config, *read[:2])
   # The config records where the files end up, not where they are staged.
   tok_dir = str(workdir / TOKENIZER_DIR)
   with _staging(workdir) as stage:
     fields, params, initialised, unused, tokenizer, kept = _load_hf(
-        hf_dir, str(stage / TOKENIZER_DIR), seed=int(base_config.get("seed", 0)))
+        hf_dir, str(stage / TOKENIZER_DIR), seed=int(base_config.get("seed", 0)),
+        read=read)
     config = ml_collections.ConfigDict(base_config.to_dict())
     for key, value in fields.items():
       config[key] = value
