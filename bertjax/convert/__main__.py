@@ -5,12 +5,15 @@ Import (HF -> bertjax), then continue pretraining or evaluate:
   python -m bertjax.convert --from_hf=path/to/bert-base-uncased --workdir=/tmp/bb
   python -m bertjax.main --config=configs/hf.py:/tmp/bb --workdir=/tmp/bb
 
-``--config`` (default: configs/<bert|roberta|albert>.py:base shipped
-with bertjax, after the HF model_type) supplies the training and data fields;
-the model fields come from the HF config.json.
+HF model types bert, roberta, albert, deberta-v2 (DeBERTa-v2/v3), electra
+and xlnet import. ``--config`` (default: the shipped config of that system,
+e.g. configs/roberta.py:base, after the HF model_type) supplies the training
+and data fields; the model fields come from the HF config.json.
 
-Export (bertjax -> HF), loadable by transformers' BertForPreTraining,
-RobertaForMaskedLM or AlbertForPreTraining:
+Export (bertjax -> HF), loadable by transformers' classes of the same
+systems (BertForPreTraining, RobertaForMaskedLM, AlbertForPreTraining,
+DebertaV2ForMaskedLM, ElectraForPreTraining with the generator beside it,
+XLNetLMHeadModel; SpanBERT exports as a BERT):
 
   python -m bertjax.convert --to_hf=/tmp/bb-hf --workdir=/tmp/bb [--step=N] \
       [--model_type=roberta] [--overwrite]
@@ -36,7 +39,8 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "The bertjax workdir.")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step to export; default the latest.")
 _MODEL_TYPE = flags.DEFINE_string(
     "model_type", None, "HF model_type to export as; default the imported one, else "
-    "bert/albert. 'roberta' writes a bertjax BERT without sentence head as RoBERTa.")
+    "the model's own (bert, albert, deberta-v2, electra, xlnet). 'roberta' writes a "
+    "bertjax BERT without sentence head as RoBERTa.")
 _OVERWRITE = flags.DEFINE_bool(
     "overwrite", False, "Let --to_hf replace an earlier export in its directory "
     "(only the files that export wrote are removed).")
