@@ -23,6 +23,9 @@ from typing import Any
 # libtpu it is a single, compile-only host so it does not probe for TPUs.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+# Its one worker is this host: left unset, the worker list is a warning's
+# text, which libtpu reports on every compile as a bad hostname.
+os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
 # libtpu takes a machine-wide lock file when it loads; a compile-only process
 # must not fail because another JAX process (a training run on this CPU host
 # with the tpu extra installed) holds it.
