@@ -138,15 +138,16 @@ class Model:
     import jax
     from bertjax import convert
     from bertjax.convert import core
+    from bertjax.convert import pair_format
     self.config = dict(config)
     self.params = params
     self.tokenizer = tokenizer
     self.fresh_heads = tuple(fresh_heads)
     self._module = core.build_model(self.config)
-    # Separators between two segments: 1 ([SEP]), 2 for an imported RoBERTa
-    # (<s> A </s></s> B </s>, as its tokenizer joins pairs).
+    # Separators between two segments as the tokenizer joins pairs: 2 for
+    # RoBERTa's own (<s> A </s></s> B </s>), else 1 (convert/pair_format.py).
     mapping = convert.mapping_for_config(self.config)
-    self._pair_separators = int(getattr(mapping, "PAIR_SEPARATORS", 1))
+    self._pair_separators = pair_format.separators(self.config, tokenizer)
     # Segment id 0 for both texts of a pair where the architecture has one
     # segment (RoBERTa), whatever type_vocab_size the checkpoint has. A
     # workdir imported before the import recorded it falls back to the mapping.
@@ -176,8 +177,9 @@ class Model:
     Args:
       texts: strings, or (A, B) pairs for two segments: segment ids 0 and 1,
         or 0 for both where the model has one segment (``type_vocab_size``
-        1, or ``config.single_segment`` as an imported RoBERTa records; it
-        also joins them with two separators).
+        1, or ``config.single_segment`` as an imported RoBERTa records),
+        joined by one separator, or two where the tokenizer's pair template
+        has them (a RoBERTa's own byte-level BPE: ``convert.pair_format``).
       max_length: truncation length (default max_position_embeddings): a
         longer row keeps [CLS] and its separators, and loses tokens from
         the end of its longest segment, one at a time.

@@ -44,8 +44,8 @@ def test_spanbert_exports_as_bert_masked_lm_with_parity(tmp_path, demo_data):
   assert np.abs(result["mlm_logits"][mask] - logits[mask]).max() <= (
       1e-5 * np.abs(logits).max())
   # Fine-tuning and the equal-compute study now take a SpanBERT encoder.
-  fields, _, _ = encoder_init.load_init(workdir)
+  fields, _, tokenizer = encoder_init.load_init(workdir)
   # ... laid out as the BERT it exports as (one separator, BERT's segments).
-  assert encoder_init.encoder_layout(fields) == encoder_init.encoder_layout(
-      {**fields, "model": "bert"})
+  assert encoder_init.encoder_layout(fields, tokenizer) == encoder_init.encoder_layout(
+      {**fields, "model": "bert"}, tokenizer)
   assert study_core.finetune_unavailable(config) is None

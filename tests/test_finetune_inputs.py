@@ -58,7 +58,7 @@ def inits(tmp_path_factory, demo_config, demo_data):
 def test_pair_task_from_an_init_of_either_segment_table_is_finite(inits, type_vocab, tmp_path):
   path = inits(type_vocab)
   fields, _, tokenizer = encoder_init.load_init(path)
-  separators, single = encoder_init.encoder_layout(fields)
+  separators, single = encoder_init.encoder_layout(fields, tokenizer)
   encoder = features_lib.Encoder(tokenizer, 32, pair_separators=separators,
                                  single_segment=single)
   pairs = encoder.pairs([{"text_a": "one two", "text_b": "three four", "label": 0}],

@@ -14,16 +14,17 @@ Layout of the package:
   workdir.py        import into / export from an orbax checkpoint workdir
   export_target.py  which --to_hf directories an export may write (or replace)
   spm_export.py     a bertjax-trained sentencepiece tokenizer as HF files
+  pair_format.py    the separators between a pair's texts, as its tokenizer says
 
 Adding an architecture: write ``bertjax/convert/<model_type>.py`` with the
 attributes of ``bert.py`` (MODEL_TYPE, BERTJAX_MODEL, HF_ARCHITECTURE,
 BASE_PREFIX, IGNORED, SPECIAL_TOKENS, model_fields, hf_config, rules,
 build_model) and name it in ``ARCHITECTURES``. Optional: BASE_CONFIG (the
 configs/<name>.py whose training fields an import takes; default
-BERTJAX_MODEL) and PAIR_SEPARATORS (separators between two segments in
-``bertjax.load(...).tokenize``; default 1). ``roberta.py`` and ``albert.py``
-show the two kinds of difference: a table with extra rows (``skip_rows``)
-and another parameter layout.
+BERTJAX_MODEL) and PAIR_SEPARATORS (separators between two segments where
+the tokenizer's files do not say, ``pair_format``; default 1). ``roberta.py``
+and ``albert.py`` show the two kinds of difference: a table with extra rows
+(``skip_rows``) and another parameter layout.
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ import numpy as np
 from bertjax import batch as batch_lib
 from bertjax import paths
 from bertjax.convert import hf_files
+from bertjax.convert import pair_format
 from bertjax.convert import rules as R
 
 # Written by the import next to the tokenizer files: the special tokens (in
@@ -324,6 +325,9 @@ class HfTokenizer:
           "tokens in special_tokens_map.json.")
     # Specials in the text match as whole tokens, as in transformers.
     self._tok.add_special_tokens(special)
+    # Separators between the two texts of a pair (``pair_format``); None
+    # where the files do not say.
+    self.pair_separators = pair_format.files_say(directory)
     self.vocab_size = int(vocab_size or meta.get("vocab_size") or max(vocab.values()) + 1)
     self.special_ids = [vocab[t] for t in special]
     self.order = R.vocab_order(self.special_ids, self.vocab_size)

@@ -45,7 +45,9 @@ BASE_PREFIX = "roberta."
 IGNORED = ("roberta.embeddings.position_ids", "roberta.embeddings.token_type_ids",
            "lm_head.decoder.weight", "lm_head.decoder.bias")
 SPECIAL_TOKENS = ("<pad>", "<unk>", "<s>", "</s>", "<mask>")
-# RoBERTa joins two segments as <s> A </s></s> B </s> ...
+# RoBERTa's own tokenizer joins two segments as <s> A </s></s> B </s>; what
+# the tokenizer's files say comes first (pair_format: a RoBERTa pretrained in
+# bertjax ships its sentencepiece tokenizer, which uses one </s>) ...
 PAIR_SEPARATORS = 2
 # ... all with segment id 0 (config.single_segment, see the module docstring).
 SINGLE_SEGMENT = True

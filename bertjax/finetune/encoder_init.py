@@ -77,9 +77,12 @@ def load(init: str) -> tuple[dict[str, Any], Any, Any, int | None]:
                    "nor a Hugging Face model directory (config.json + weights).")
 
 
-def encoder_layout(fields: dict[str, Any]) -> tuple[int, bool]:
+def encoder_layout(fields: dict[str, Any], tokenizer: Any) -> tuple[int, bool]:
   """(pair separators, single segment) of the encoder, as ``api.Model`` reads them.
 
+  Separators as ``tokenizer`` joins a pair (``convert.pair_format``): two
+  for a RoBERTa's own byte-level BPE, one for the sentencepiece tokenizer a
+  bertjax-pretrained RoBERTa exports with.
   Single segment (every token gets segment id 0) where the import recorded it
   (``single_segment``) or the mapping says so, and also wherever the segment
   table has fewer than two rows (``type_vocab_size`` 1 for a bertjax-trained
@@ -87,10 +90,11 @@ def encoder_layout(fields: dict[str, Any]) -> tuple[int, bool]:
   table, an out-of-range lookup that gives NaN at the first step.
   """
   from bertjax import convert
+  from bertjax.convert import pair_format
   mapping = convert.mapping_for_config(fields)
   recorded = bool(fields.get("single_segment", getattr(mapping, "SINGLE_SEGMENT", False)))
   one_row = int(fields.get("type_vocab_size", 2)) < 2
-  return int(getattr(mapping, "PAIR_SEPARATORS", 1)), recorded or one_row
+  return pair_format.separators(fields, tokenizer), recorded or one_row
 
 
 # The record of the init, in the fine-tuning workdir.

@@ -29,7 +29,8 @@ class Encoder:
   Args:
     tokenizer: a bertjax Tokenizer or HfTokenizer (bertjax ids).
     seq_len: row length.
-    pair_separators: [SEP]s between two texts (2 for an imported RoBERTa).
+    pair_separators: [SEP]s between two texts (2 where the tokenizer joins pairs
+      as RoBERTa's own does: ``convert.pair_format``).
     single_segment: every token gets segment 0 (RoBERTa, type_vocab_size 1).
   """
 

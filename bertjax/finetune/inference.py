@@ -220,7 +220,7 @@ def load(workdir: str, step: int | None = None) -> FineTuned:
   """The fine-tuned model of ``workdir`` (module docstring)."""
   from bertjax.finetune import encoder_init
   saved = read(workdir, step)
-  separators, single = encoder_init.encoder_layout(saved.fields)
+  separators, single = encoder_init.encoder_layout(saved.fields, saved.tokenizer)
   encoder = features_lib.Encoder(saved.tokenizer, saved.config.seq_len,
                                  pair_separators=separators, single_segment=single)
   return FineTuned(saved.config, saved.model, saved.params, encoder,

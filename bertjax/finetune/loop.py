@@ -255,7 +255,7 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
   # Before the state is built: a workdir started from another init is refused.
   init_record = encoder_init.identify(init, fields, loaded, init_step)
   encoder_init.check(workdir, init_record, str(getattr(tokenizer, "fingerprint", "")))
-  separators, single = encoder_init.encoder_layout(fields)
+  separators, single = encoder_init.encoder_layout(fields, tokenizer)
   encoder = features_lib.Encoder(tokenizer, config.seq_len, pair_separators=separators,
                                  single_segment=single)
   if config.seq_len > int(fields.get("max_position_embeddings", config.seq_len)):

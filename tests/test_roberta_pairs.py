@@ -1,0 +1,131 @@
+"""How a RoBERTa joins the two texts of a pair follows its tokenizer: one
+[SEP] for a RoBERTa pretrained here (its exported sentencepiece tokenizer,
+the export re-imported), ``</s></s>`` for a RoBERTa's own byte-level BPE;
+bertjax matches transformers' AutoTokenizer + model on pairs either way."""
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="parity tests need torch (the hf extra)")
+transformers = pytest.importorskip(
+    "transformers", reason="parity tests need transformers (the hf extra)")
+
+PAIRS = [("Sentence A here.", "And B there."),
+         ("The Python interpreter is easily extended.", "Lists are mutable.")]
+
+
+@pytest.fixture(scope="module")
+def roberta(tmp_path_factory, demo_data):
+  """(workdir, export, re-import) of configs/roberta.py:tiny trained 2 steps
+  (on the demo tokenizer), exported as model_type roberta."""
+  from bertjax import config_files
+  from bertjax import train
+  from bertjax.convert import workdir as workdir_lib
+  config = config_files.shipped("roberta").get_config("tiny")
+  bert = config_files.shipped("bert").get_config("tiny")
+  config.tokenizer, config.vocab_size = bert.tokenizer, bert.vocab_size
+  config.data_dir = demo_data.data_dir
+  for k, v in dict(batch_size=8, seq_len=32, max_predictions_per_seq=5,
+                   num_train_steps=2, warmup_steps=1, checkpoint_every_steps=2,
+                   log_every_steps=2, eval_max_batches=1, shuffle_window=32).items():
+    config[k] = v
+  root = tmp_path_factory.mktemp("roberta")
+  workdir, out, again = str(root / "run"), str(root / "hf"), str(root / "again")
+  train.train_and_evaluate(config, workdir)
+  workdir_lib.export_hf(workdir, out, model_type="roberta")
+  workdir_lib.import_hf(out, again, config)
+  return workdir, out, again
+
+
+def _hf_pairs(hf_dir, model_class):
+  """(input ids, mask, last hidden states) of PAIRS from transformers."""
+  tok = transformers.AutoTokenizer.from_pretrained(hf_dir)
+  batch = tok([a for a, _ in PAIRS], [b for _, b in PAIRS], padding=True,
+              return_tensors="pt")
+  model = model_class.from_pretrained(hf_dir).eval()
+  with torch.no_grad():
+    hidden = model(**batch, output_hidden_states=True).hidden_states[-1].numpy()
+  return batch["input_ids"].numpy(), batch["attention_mask"].numpy(), hidden
+
+
+def _check_pairs(model, hf_dir, model_class):
+  ids, mask, hidden = _hf_pairs(hf_dir, model_class)
+  out = model.encode(PAIRS)
+  assert np.array_equal(out["mask"], mask.astype(bool))
+  hf_ids = getattr(model.tokenizer, "to_hf_ids", lambda x: x)(out["tokens"])
+  assert np.array_equal(hf_ids * mask, ids * mask)
+  real = mask.astype(bool)
+  assert np.abs(out["hidden"][real] - hidden[real]).max() <= 1e-5 * np.abs(hidden).max()
+  return out
+
+
+def test_pretrained_roberta_keeps_one_separator_exported_and_reimported(roberta):
+  from bertjax import api
+  from bertjax import batch as batch_lib
+  from bertjax.finetune import encoder_init
+  workdir, out, again = roberta
+  # The exported tokenizer joins pairs as the workdir did: one [SEP].
+  ours = api.load(workdir).encode(PAIRS)
+  first = ours["tokens"][0][ours["mask"][0]].tolist()
+  assert first.count(batch_lib.SEP_ID) == 2
+  for path in (out, again):
+    model = api.load(path)
+    got = _check_pairs(model, out, transformers.RobertaForMaskedLM)
+    assert np.array_equal(model.tokenizer.to_hf_ids(got["tokens"]), ours["tokens"])
+    real = ours["mask"]
+    assert np.abs(got["hidden"][real] - ours["hidden"][real]).max() <= 1e-5
+  # Fine-tuning lays pairs out the same way from each of the three.
+  for path in (workdir, out, again):
+    fields, _, tokenizer = encoder_init.load_init(path)
+    assert encoder_init.encoder_layout(fields, tokenizer) == (1, True), path
+
+
+def test_the_tokenizers_pair_template_decides_the_separators(tmp_path):
+  from tokenizers import ByteLevelBPETokenizer
+  from bertjax import api
+  corpus = ["Sentence A here. And B there.", "The Python interpreter is easily extended.",
+            "Lists are mutable."] * 5
+  bpe = ByteLevelBPETokenizer()
+  bpe.train_from_iterator(corpus, vocab_size=300, min_frequency=1,
+                          special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+  roberta, bert = tmp_path / "roberta", tmp_path / "bert"
+  roberta.mkdir()
+  bpe.save_model(str(roberta))
+  fast = transformers.RobertaTokenizerFast(str(roberta / "vocab.json"),
+                                           str(roberta / "merges.txt"))
+  fast.save_pretrained(str(roberta))  # tokenizer.json: RobertaProcessing
+  torch.manual_seed(0)
+  config = transformers.RobertaConfig(
+      vocab_size=len(fast), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+      intermediate_size=37, max_position_embeddings=40, type_vocab_size=1)
+  transformers.RobertaForMaskedLM(config).save_pretrained(str(roberta))
+  # A RoBERTa's own tokenizer: <s> A </s></s> B </s>, as transformers.
+  _check_pairs(api.load(str(roberta)), str(roberta), transformers.RobertaForMaskedLM)
+  # The same RoBERTa read with a WordPiece tokenizer: [CLS] A [SEP] B [SEP].
+  words = sorted({w for text in corpus for w in text.replace(".", " .").split()})
+  vocab = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"] + words  # RoBERTa's ids
+  bert.mkdir()
+  (bert / "vocab.txt").write_text("\n".join(vocab) + "\n")
+  transformers.BertTokenizerFast(
+      str(bert / "vocab.txt"), do_lower_case=False, unk_token="<unk>", sep_token="</s>",
+      pad_token="<pad>", cls_token="<s>", mask_token="<mask>",
+      model_input_names=["input_ids", "attention_mask"]).save_pretrained(str(bert))
+  config.vocab_size = len(vocab)
+  transformers.RobertaForMaskedLM(config).save_pretrained(str(bert))
+  _check_pairs(api.load(str(bert)), str(bert), transformers.RobertaForMaskedLM)
+  # What the files say; templates as tokenizers writes them (a Sequence
+  # answers by its first processor that says).
+  from bertjax.convert import pair_format
+  assert pair_format.files_say(str(roberta)) == 2 and pair_format.files_say(str(bert)) == 1
+  template = {"type": "TemplateProcessing", "pair": [
+      {"SpecialToken": {"id": "<s>"}}, {"Sequence": {"id": "A"}},
+      {"SpecialToken": {"id": "</s>"}}, {"SpecialToken": {"id": "</s>"}},
+      {"Sequence": {"id": "B"}}, {"SpecialToken": {"id": "</s>"}}]}
+  assert pair_format._template_separators(template) == 2  # noqa: SLF001
+  assert pair_format._template_separators(  # noqa: SLF001
+      {"type": "Sequence", "processors": [{"type": "ByteLevel"}, template]}) == 2
+  assert pair_format._template_separators({"type": "ByteLevel"}) is None  # noqa: SLF001
