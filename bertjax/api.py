@@ -274,9 +274,11 @@ class Model:
   def fill_mask(self, text: str, top_k: int = 5) -> list[list[dict[str, Any]]]:
     """Predicts each ``[MASK]`` written in ``text`` from the MLM head.
 
-    The text around the masks is tokenized piece by piece and every
-    ``[MASK]`` becomes one [MASK] token, so each predicts exactly one token.
-    Special tokens ([PAD], [UNK], [CLS], [SEP], [MASK]) are never proposed.
+    Every ``[MASK]`` becomes one mask token, so each predicts exactly one
+    token; the text around them gets the ids the model's tokenizer gives it
+    with its own mask token in place (RoBERTa's ``<mask>``), as in
+    transformers' fill-mask pipeline (``bertjax/fill_mask.py``). Special
+    tokens ([PAD], [UNK], [CLS], [SEP], [MASK]) are never proposed.
 
     Args:
       text: one text holding one or more literal ``[MASK]``.
@@ -284,8 +286,10 @@ class Model:
 
     Returns:
       one list per [MASK], left to right, of ``top_k`` dicts, most probable
-      first: ``token_id`` (bertjax id), ``token`` (its piece) and ``score``
-      (softmax probability over the whole vocabulary).
+      first: ``token_id`` (bertjax id), ``token`` (its vocabulary piece:
+      ``'Ġon'``, ``'▁on'``), ``text`` (what it reads as in text, decoded:
+      ``' on'``, ``'on'``) and ``score`` (softmax probability over the whole
+      vocabulary).
     """
     from bertjax import fill_mask as fill_mask_lib
     most = int(self.config["vocab_size"]) - batch_lib.NUM_SPECIAL_TOKENS
@@ -321,7 +325,8 @@ class Model:
     out = []
     for row, scores in zip(np.argsort(-ranked, axis=-1)[:, :top_k], probs):
       out.append([{"token_id": int(i), "token": self.tokenizer.id_to_piece(int(i)),
-                   "score": float(scores[i])} for i in row])
+                   "text": self.tokenizer.decode([int(i)]), "score": float(scores[i])}
+                  for i in row])
     return out
 
 

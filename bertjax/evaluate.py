@@ -50,7 +50,7 @@ def main(argv):
     fillings = model.fill_mask(_FILL_MASK.value, _TOP_K.value)
     for k, options in enumerate(fillings):
       print(f"[MASK] {k + 1}: " + "  ".join(
-          f"{o['token']!r} {o['score']:.3f}" for o in options))
+          f"{o['text']!r} {o['score']:.3f}" for o in options))
     print(json.dumps({"text": _FILL_MASK.value, "fillings": fillings}), flush=True)
     return
   if _CONFIG.value is None:

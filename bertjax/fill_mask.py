@@ -1,9 +1,17 @@
 """The model inputs of a text written with ``[MASK]``, for ``Model.fill_mask``
 (bertjax/api.py) and ``python -m bertjax.evaluate --fill_mask "..."``.
 
-``[MASK]`` in the text is the mask token (id ``batch.MASK_ID``); no tokenizer
-can produce it from text, so the text is cut at each ``[MASK]``, the pieces
-are tokenized and the mask ids placed between them.
+``[MASK]`` in the text is the mask token (id ``batch.MASK_ID``), whatever
+the tokenizer calls it. With a tokenizer that matches special tokens in text
+as transformers' fast ones do (an imported model's tokenizer.json, vocab.txt,
+vocab.json + merges.txt) the whole text is tokenized at once with its own mask
+token (RoBERTa's ``<mask>``) in place, so the ids are those transformers'
+fill-mask pipeline gives: a byte-level BPE keeps the word-start mark of the
+word after a mask (``Ġthe``), and the mask takes the spaces its flags say.
+bertjax's sentencepiece (and an imported one read without tokenizer.json)
+cannot produce the mask from text: the text is cut at each ``[MASK]``, the
+pieces are tokenized and the mask ids placed between them, which gives the
+same ids for sentencepiece, whose every piece after a space starts a word.
 """
 
 from __future__ import annotations
@@ -29,13 +37,24 @@ def mask_inputs(model, text: str) -> tuple[dict[str, np.ndarray], np.ndarray]:
   if len(parts) < 2:
     raise ValueError(f"The text {text!r} has no {MASK_TEXT}; put {MASK_TEXT} "
                      "where a word should be predicted.")
+  tokenizer = model.tokenizer
   ids = [batch_lib.CLS_ID]
-  for k, part in enumerate(parts):
-    if part.strip():
-      ids += [int(i) for i in model.tokenizer.encode_batch([part.strip()])[0]]
-    if k < len(parts) - 1:
-      ids.append(batch_lib.MASK_ID)
+  if getattr(tokenizer, "matches_specials", False):
+    # One text, as transformers reads it: the word after a mask keeps its
+    # leading space (byte-level BPE's 'Ġthe'), the mask's flags say which
+    # spaces it takes.
+    ids += [int(i) for i in tokenizer.encode_batch([tokenizer.mask_token.join(parts)])[0]]
+  else:
+    for k, part in enumerate(parts):
+      if part.strip():
+        ids += [int(i) for i in tokenizer.encode_batch([part.strip()])[0]]
+      if k < len(parts) - 1:
+        ids.append(batch_lib.MASK_ID)
   ids.append(batch_lib.SEP_ID)
+  if ids.count(batch_lib.MASK_ID) != len(parts) - 1:
+    raise ValueError(
+        f"The text {text!r} holds the tokenizer's own mask token "
+        f"{getattr(tokenizer, 'mask_token', MASK_TEXT)!r} besides {MASK_TEXT}; write every mask as {MASK_TEXT}.")
   limit = int(model.config["max_position_embeddings"])
   if len(ids) > limit:
     raise ValueError(f"The text is {len(ids)} tokens, longer than the model's {limit}; "

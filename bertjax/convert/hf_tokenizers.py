@@ -65,6 +65,32 @@ def special_tokens(directory: str, defaults: Sequence[str]) -> list[str]:
   return [found.get(k, d) for k, d in zip(_SPECIAL_KEYS, defaults)]
 
 
+def _added_token_flags(directory: str, kind: str) -> dict[str, dict[str, bool]]:
+  """Each special token's AddedToken flags (lstrip, rstrip, ...) as the
+  tokenizer's files give them: tokenizer.json's added_tokens, else
+  tokenizer_config.json's added_tokens_decoder or a token written as a dict.
+
+  They decide how a special token written in the text eats the spaces next
+  to it: RoBERTa's ``<mask>`` strips the space on its left, so ``"a <mask>
+  b"`` reads ``a``, ``<mask>``, ``Ġb``. A byte-level BPE tokenizer that says
+  nothing gets that ``lstrip`` on its mask token, as transformers'
+  RobertaTokenizer gives it.
+  """
+  keys = ("lstrip", "rstrip", "single_word", "normalized")
+  flags: dict[str, dict[str, bool]] = {}
+  if kind == "BPE":
+    flags["<mask>"] = {"lstrip": True}
+  cfg = _read_json(os.path.join(directory, "tokenizer_config.json"))
+  written = [v for k, v in cfg.items() if k in _SPECIAL_KEYS]
+  written += list(_read_json(os.path.join(directory, "special_tokens_map.json")).values())
+  written += list((cfg.get("added_tokens_decoder") or {}).values())
+  written += _read_json(os.path.join(directory, "tokenizer.json")).get("added_tokens") or []
+  for token in written:  # later ones win: tokenizer.json is what transformers loads
+    if isinstance(token, dict) and token.get("content"):
+      flags[token["content"]] = {k: bool(token[k]) for k in keys if k in token}
+  return flags
+
+
 def _wordpiece(directory: str, specials: Sequence[str]):
   from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
   cfg = _read_json(os.path.join(directory, "tokenizer_config.json"))
@@ -323,8 +349,10 @@ class HfTokenizer:
       raise ValueError(
           f"Tokenizer {directory} has no token {missing[0]!r}; name its special "
           "tokens in special_tokens_map.json.")
-    # Specials in the text match as whole tokens, as in transformers.
-    self._tok.add_special_tokens(special)
+    # Specials in the text match as whole tokens, as in transformers, with
+    # their files' flags (re-adding one replaces those tokenizer.json gave it).
+    self._add_specials(directory, special)
+    self.mask_token = special[4]
     # Separators between the two texts of a pair (``pair_format``); None
     # where the files do not say.
     self.pair_separators = pair_format.files_say(directory)
@@ -346,6 +374,22 @@ class HfTokenizer:
         [p.startswith(start) if start else not (cont and p.startswith(cont))
          for p in pieces], dtype=bool)
     self._word_start[:batch_lib.NUM_SPECIAL_TOKENS] = True
+
+  def _add_specials(self, directory: str, special: Sequence[str]) -> None:
+    if self._kind == "sentencepiece":
+      self._tok.add_special_tokens(special)  # matches no text (see matches_specials)
+      return
+    from tokenizers import AddedToken
+    flags = _added_token_flags(directory, self._kind)
+    self._tok.add_special_tokens([AddedToken(t, special=True, **flags.get(t, {}))
+                                  for t in special])
+
+  @property
+  def matches_specials(self) -> bool:
+    """Whether special-token strings in a text (``mask_token``) encode to
+    their ids, as transformers' fast tokenizers match them; sentencepiece read
+    without tokenizer.json (the slow tokenizers' files) does not."""
+    return self._kind != "sentencepiece"
 
   def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
     """bertjax ids of many texts, no special tokens added: int32 [n_i] each."""
