@@ -54,7 +54,8 @@ def mask_inputs(model, text: str) -> tuple[dict[str, np.ndarray], np.ndarray]:
   if ids.count(batch_lib.MASK_ID) != len(parts) - 1:
     raise ValueError(
         f"The text {text!r} holds the tokenizer's own mask token "
-        f"{getattr(tokenizer, 'mask_token', MASK_TEXT)!r} besides {MASK_TEXT}; write every mask as {MASK_TEXT}.")
+        f"{getattr(tokenizer, 'mask_token', MASK_TEXT)!r} besides {MASK_TEXT}; "
+        f"write every mask as {MASK_TEXT}.")
   limit = int(model.config["max_position_embeddings"])
   if len(ids) > limit:
     raise ValueError(f"The text is {len(ids)} tokens, longer than the model's {limit}; "
