@@ -44,12 +44,9 @@ def eval_step(params, batch, rng, *, model, objective, vocab_size: int):
     metrics = metrics_lib.add(metrics, dict(view_metrics))
     counts = counts.at[targets["mlm_targets"].reshape(-1)].add(
         targets["mlm_weights"].reshape(-1))
-  # The objective's loss is a per-batch mean; over the split it is weighed by
-  # the batch's real rows, so that a short (padded) last batch, or one of
-  # padding only, counts for what it holds instead of as much as a full one.
-  total, views = metrics["loss"]
-  rows = jnp.sum(batch["example_mask"]).astype(jnp.float32)
-  metrics["loss"] = (jnp.where(rows > 0, total / views * rows, 0.0), rows)
+  # The objective's loss is a per-batch mean; over the split it is made from
+  # its terms' sums (``_record``).
+  metrics.pop("loss")
   real = batch["doc_ids"] > 0
   metrics["num_tokens"] = (jnp.sum(real).astype(jnp.float32), jnp.float32(1.0))
   return metrics, counts
@@ -92,10 +89,10 @@ def evaluate_params(config, params, prepared, mesh, model, objective, *,
     if scored is None:
       return None
     if label:
-      by_corpus[label] = _record(*scored)
+      by_corpus[label] = _record(*scored, objective)
     sums = metrics_lib.add(sums, scored[0])
     counts = scored[1] if counts is None else counts + scored[1]
-  record = _record(sums, counts)
+  record = _record(sums, counts, objective)
   for label, part in by_corpus.items():
     record.update({f"{label}/{k}": v for k, v in part.items()})
   return record
@@ -128,10 +125,15 @@ def _score(config, params, source, mesh, step_fn, should_stop):
   return sums, counts
 
 
-def _record(sums, counts) -> dict[str, Any]:
+def _record(sums, counts, objective) -> dict[str, Any]:
   """The figures of summed metrics and target-id counts (module doc)."""
   host = jax.device_get(sums)
   record = metrics_lib.reduce({k: v for k, v in host.items() if k != "num_tokens"})
+  # The objective's loss over the split: its terms' means over all of the
+  # split's predictions and rows, added as the train step adds them
+  # (``objectives.base.loss_terms``; mlm_loss + nsp_loss for BERT). A padded
+  # last batch, or one of padding only, adds to no sum and no count.
+  record["loss"] = float(sum(record[t] for t in objectives.base.loss_terms(objective, record)))
   record["num_tokens"] = int(host["num_tokens"][0])
   counts = jax.device_get(counts)
   total = float(counts.sum())

@@ -117,23 +117,12 @@ def train_step(state: state_lib.TrainState, batch: dict[str, jax.Array],
   return new_state, metrics
 
 
-def _loss_terms(objective, metrics) -> tuple[str, ...]:
-  """Names of the metrics whose sum/count ratios add up to the loss.
-
-  An objective may declare ``loss_terms``; otherwise every ``*_loss`` metric
-  counts (the convention of bertjax/objectives: mlm_loss, nsp_loss, ...).
-  """
-  terms = getattr(objective, "loss_terms", None)
-  if terms is None:
-    terms = tuple(k for k in sorted(metrics) if k.endswith("_loss"))
-  return tuple(terms)
-
-
 def _accumulate(params, inputs, targets, dropout_rng, model, objective,
                 microbatches: int, mesh, carried: tuple[str, ...] = (), corpus=None):
   """Loss, metrics and gradient of the whole batch, one micro-batch at a time.
 
-  The objective's loss is a sum of means, ``sum_t S_t / C_t`` (``_loss_terms``),
+  The objective's loss is a sum of means, ``sum_t S_t / C_t``
+  (``objectives.base.loss_terms``),
   whose denominators C_t (used MLM slots, real examples) do not depend on the
   parameters. They are totalled over the micro-batches first, from a loss
   evaluation on zero outputs, so that each micro-batch contributes
@@ -183,7 +172,7 @@ def _accumulate(params, inputs, targets, dropout_rng, model, objective,
       params, first)
   zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out_shapes)
   count_metrics = jax.vmap(lambda t: objective.loss(zeros, t)[1])(micro_targets)
-  terms = _loss_terms(objective, count_metrics)
+  terms = objectives.base.loss_terms(objective, count_metrics)
   totals = {t: jnp.maximum(jnp.sum(count_metrics[t][1]), 1.0) for t in terms}
 
   def body(carry, micro):

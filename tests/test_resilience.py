@@ -216,28 +216,41 @@ def test_nan_loss_skip_mode_leaves_state_unchanged(demo_config, demo_data):
     guard.check(3, m["skipped"])
 
 
-def test_held_out_loss_weighs_each_batch_by_its_real_rows(demo_config, demo_data):
+def test_held_out_loss_is_the_objectives_terms_over_the_split(demo_config, demo_data):
   # It was a mean of per-batch means: a padded last batch (or one of padding
-  # only, as a host of a pod can get) counted as much as a full one.
+  # only, as a host of a pod can get) counted as much as a full one, and for
+  # an MLM-only objective it was not the record's mlm_loss.
   from bertjax import metrics as metrics_lib
   config = run_config(demo_config, demo_data)
   mesh = sharding.make_mesh(config.mesh_shape)
   model = models.get_model(config)
+  objective = objectives.get_objective(config)
   state, _ = state_lib.create_train_state(model, optim.make_optimizer(config), config, mesh)
-  step_fn = evaluation.make_eval_step(config, mesh, model, objectives.get_objective(config))
-  batch = next(iter(pipeline.make_eval_batches(
+  step_fn = evaluation.make_eval_step(config, mesh, model, objective)
+  batches = iter(pipeline.make_eval_batches(
       config, demo_data.source("validation"), local_batch_size=config.batch_size,
-      max_batches=1)))
+      max_batches=2))
+  batch, other = next(batches), next(batches)
   assert batch["example_mask"].all()
   padding = dict(batch, example_mask=np.zeros_like(batch["example_mask"]))
   rng = jax.random.key(config.eval_seed)
   with sharding.use_mesh(mesh):
-    full, _ = step_fn(state.params, train.to_global(batch, mesh), rng)
+    full, counts = step_fn(state.params, train.to_global(batch, mesh), rng)
     empty, _ = step_fn(state.params, train.to_global(padding, mesh), rng)
-  assert float(full["loss"][1]) == config.batch_size and float(empty["loss"][1]) == 0.0
-  alone = metrics_lib.reduce({"loss": full["loss"]})["loss"]
-  both = metrics_lib.reduce({"loss": metrics_lib.add(full, empty)["loss"]})["loss"]
-  assert np.isfinite(alone) and both == pytest.approx(alone, rel=1e-6)
+    second, _ = step_fn(state.params, train.to_global(other, mesh), rng)
+  alone = evaluation._record(full, counts, objective)
+  both = evaluation._record(metrics_lib.add(full, empty), counts, objective)
+  assert np.isfinite(alone["loss"]) and both["loss"] == pytest.approx(alone["loss"], rel=1e-6)
+  assert alone["loss"] == pytest.approx(alone["mlm_loss"] + alone["nsp_loss"], rel=1e-6)
+  # Over two batches each term is a mean over both batches' predictions,
+  # not a mean of the two batches' means (they hold different numbers).
+  two = evaluation._record(metrics_lib.add(full, second), counts, objective)
+  mlm = (full["mlm_loss"][0] + second["mlm_loss"][0]) / (
+      full["mlm_loss"][1] + second["mlm_loss"][1])
+  nsp = (full["nsp_loss"][0] + second["nsp_loss"][0]) / (
+      full["nsp_loss"][1] + second["nsp_loss"][1])
+  assert full["mlm_loss"][1] != second["mlm_loss"][1]
+  assert two["loss"] == pytest.approx(float(mlm + nsp), rel=1e-6)
 
 
 @pytest.mark.parametrize("save_shape,restore_shape", [

@@ -124,3 +124,16 @@ def eval_views(objective: Any) -> tuple[Any, ...]:
   """
   views = getattr(objective, "eval_views", None)
   return (objective,) if views is None else tuple(views())
+
+
+def loss_terms(objective: Any, metrics: Mapping[str, Any]) -> tuple[str, ...]:
+  """Names of the metrics whose sum/count ratios add up to the objective's loss.
+
+  An objective may declare ``loss_terms``; otherwise every ``*_loss`` metric
+  counts (the convention of bertjax/objectives: mlm_loss, nsp_loss, ...). The
+  train step's accumulation and the held-out loss both add them so.
+  """
+  terms = getattr(objective, "loss_terms", None)
+  if terms is None:
+    terms = tuple(k for k in sorted(metrics) if k.endswith("_loss"))
+  return tuple(terms)
