@@ -4,7 +4,8 @@ The record has ``mlm_loss``, ``mlm_accuracy``, ``nsp_accuracy`` (and any other
 metric the objective reports), ``num_tokens`` (non-padding tokens read),
 ``num_predictions`` (masked positions scored) and ``baseline_mlm_accuracy``:
 the accuracy of always predicting the single most frequent token among those
-masked positions, the floor a model must clearly beat.
+masked positions, the floor a model must clearly beat; with a sentence task,
+``baseline_nsp_accuracy`` (or ``_sop_``) likewise: always its majority answer.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ def eval_step(params, batch, rng, *, model, objective, vocab_size: int):
     inputs, targets = view.corrupt(rng, batch, jnp.zeros((), jnp.int32))
     outputs = objectives.base.forward(view, apply, inputs, targets)
     _, view_metrics = view.loss(outputs, targets)
-    metrics = metrics_lib.add(metrics, dict(view_metrics))
+    metrics = metrics_lib.add(metrics, {**view_metrics, **_sentence_labels(
+        targets, view_metrics)})
     counts = counts.at[targets["mlm_targets"].reshape(-1)].add(
         targets["mlm_weights"].reshape(-1))
   # The objective's loss is a per-batch mean; over the split it is made from
@@ -50,6 +52,19 @@ def eval_step(params, batch, rng, *, model, objective, vocab_size: int):
   real = batch["doc_ids"] > 0
   metrics["num_tokens"] = (jnp.sum(real).astype(jnp.float32), jnp.float32(1.0))
   return metrics, counts
+
+
+def _sentence_labels(targets, view_metrics) -> dict[str, Any]:
+  """``<task>_random``: (rows whose B is not A's continuation (NSP) or is
+  swapped (SOP), real rows), for the record's ``baseline_<task>_accuracy``."""
+  out = {}
+  for key in targets:
+    task = key.removesuffix("_labels")
+    if key.endswith("_labels") and f"{task}_accuracy" in view_metrics and (
+        "example_mask" in targets):
+      real = targets["example_mask"].astype(jnp.float32)
+      out[f"{task}_random"] = (jnp.sum((targets[key] == 1) * real), jnp.sum(real))
+  return out
 
 
 def make_eval_step(config, mesh, model, objective):
@@ -134,6 +149,12 @@ def _record(sums, counts, objective) -> dict[str, Any]:
   # (``objectives.base.loss_terms``; mlm_loss + nsp_loss for BERT). A padded
   # last batch, or one of padding only, adds to no sum and no count.
   record["loss"] = float(sum(record[t] for t in objectives.base.loss_terms(objective, record)))
+  # What always giving the majority answer of a sentence task scores: held-out
+  # rows are read in document order, so fewer find a partner from another
+  # document to be a negative than in training, and long documents fewer still.
+  for key in [k for k in record if k.endswith("_random")]:
+    rate = record.pop(key)
+    record[f"baseline_{key.removesuffix('_random')}_accuracy"] = max(rate, 1.0 - rate)
   record["num_tokens"] = int(host["num_tokens"][0])
   counts = jax.device_get(counts)
   total = float(counts.sum())

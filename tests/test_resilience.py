@@ -251,6 +251,13 @@ def test_held_out_loss_is_the_objectives_terms_over_the_split(demo_config, demo_
       full["nsp_loss"][1] + second["nsp_loss"][1])
   assert full["mlm_loss"][1] != second["mlm_loss"][1]
   assert two["loss"] == pytest.approx(float(mlm + nsp), rel=1e-6)
+  # Always answering the majority NSP label: the floor for nsp_accuracy.
+  with sharding.use_mesh(mesh):
+    _, targets = objective.corrupt(rng, train.to_global(batch, mesh), jax.numpy.zeros((), "int32"))
+  random = np.asarray(targets["nsp_labels"])[np.asarray(batch["example_mask"])].mean()
+  assert 0.0 < random < 1.0
+  assert alone["baseline_nsp_accuracy"] == pytest.approx(max(random, 1.0 - random), rel=1e-6)
+  assert not any(k.endswith("_random") for k in alone)
 
 
 @pytest.mark.parametrize("save_shape,restore_shape", [
