@@ -21,8 +21,12 @@ class Progress:
     self._flops_per_step = flops.step_flops(config)
     self._peak = flops.peak_flops_per_second()
     self._total = config.num_train_steps
-    self._t0 = time.time()
-    self._s0 = start_step
+    # (time, step) of the last line and of the first: tokens/s and MFU are
+    # the rate since the last line, so the compile, data preparation and
+    # restore before the first step weigh on the first line only; time_left
+    # uses the rate since the first line (steadier), or the first window's.
+    self._last = self._first = (time.time(), start_step)
+    self._lines = 0
 
   def flops_total(self, step: int) -> float:
     """Useful FLOPs of steps 1..``step``: ``step * step_flops(config)``.
@@ -33,13 +37,18 @@ class Progress:
     """
     return step * self._flops_per_step
 
-  def line(self, step: int, scalars: dict[str, float]) -> str:
-    elapsed = max(time.time() - self._t0, 1e-9)
-    steps_per_sec = (step - self._s0) / elapsed
+  def line(self, step: int, scalars: dict[str, float], now: float | None = None) -> str:
+    now = time.time() if now is None else now
+    steps_per_sec = _rate(self._last, now, step)
     scalars["tokens_per_sec"] = steps_per_sec * self._tokens_per_step
     # Useful-FLOP utilisation against the chip's peak (bertjax/flops.py).
     scalars["mfu"] = steps_per_sec * self._flops_per_step / self._peak
-    left = (self._total - step) / steps_per_sec if steps_per_sec > 0 else float("nan")
+    self._lines += 1
+    if self._lines == 2:  # the first window, with the compile, is behind
+      self._first = self._last
+    steady = _rate(self._first, now, step) if self._lines > 1 else steps_per_sec
+    self._last = (now, step)
+    left = (self._total - step) / steady if steady > 0 else float("nan")
     # The loss and every task's accuracy (mlm, nsp, sop, sbo, ...), MLM first.
     names = ["loss"] + sorted((k for k in scalars if k.endswith("_accuracy")
                                and "/" not in k),  # not a mixture's per corpus
@@ -48,6 +57,11 @@ class Progress:
     return (f"step {step}/{self._total} {shown} "
             f"tokens/s={scalars['tokens_per_sec']:.0f} mfu={scalars['mfu']:.2f} "
             f"time_left={_time_left(left)}")
+
+
+def _rate(since: tuple[float, int], now: float, step: int) -> float:
+  """Steps a second from ``since`` (time, step) to ``now`` at ``step``."""
+  return (step - since[1]) / max(now - since[0], 1e-9)
 
 
 def _time_left(seconds: float) -> str:
