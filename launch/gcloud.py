@@ -26,6 +26,10 @@ LOST = frozenset({"PREEMPTED", "TERMINATED", "FAILED", "SUSPENDED"})
 # makes of several workers' exits.
 STATUS_FILE = "~/bertjax-train.status"
 LOG_FILE = "~/bertjax-train.log"
+# The detached training's pid, and the commit and command it runs: a worker
+# script run again while they still train follows that training.
+PID_FILE = "~/bertjax-train.pid"
+CMD_FILE = "~/bertjax-train.cmd"
 # The worker's index in the slice: GKE sets TPU_WORKER_ID; on a TPU VM the
 # metadata server knows it.
 _WORKER_ID = ("${TPU_WORKER_ID:-$(curl -sf -H Metadata-Flavor:Google "
@@ -96,29 +100,52 @@ def train_argv(config: str, workdir: str, extra: list[str]) -> list[str]:
 def remote_script(repo: str, rev: str, train: list[str]) -> str:
   """The bash script each worker runs: check out ``rev``, install, train.
 
-  Every worker runs the same script. Worker 0 streams its training output
-  (and keeps it in ~/bertjax-train.log); the others only write their log and
-  print its tail if they fail, so the launcher's terminal shows one log, not
-  16 interleaved ones. The script exits with the training's status (75 after
-  a preemption) and leaves it in ~/bertjax-train.status.
+  Every worker runs the same script. The training runs detached from the ssh
+  session (SIGHUP ignored, output in ~/bertjax-train.log, its pid in
+  ~/bertjax-train.pid), so a dropped connection does not stop it; the script
+  follows it until it writes its exit status to ~/bertjax-train.status, then
+  exits with that status (75 after a preemption). Run again while the same
+  commit and command still train, it follows that training instead of starting
+  another (the launcher's reconnect); a training of another commit or command
+  gets SIGTERM (it saves a checkpoint) before the new one starts. A failed
+  checkout or install leaves its status in the status file too. Worker 0
+  streams the log; the others print its tail if they fail, so the launcher's
+  terminal shows one log, not 16 interleaved ones.
   """
   q = shlex.quote
   train_cmd = shlex.join(train)
+  run = q(f"{rev} {train_cmd}")  # what ~/bertjax-train.cmd records
+  alive = '[ -n "$pid" ] && kill -0 "$pid" 2>/dev/null'
   return "; ".join([
-      "set -eo pipefail",
-      f"rm -f {STATUS_FILE}",
-      "if [ -d ~/bertjax/.git ]; then cd ~/bertjax && "
-      f"git remote set-url origin {q(repo)} && git fetch -q origin; "
-      f"else git clone -q {q(repo)} ~/bertjax && cd ~/bertjax; fi",
-      f"git checkout -q --detach {q(rev)}",
-      'python3 -m pip install -q ".[tpu]"',
+      "set -o pipefail",
       f"worker={_WORKER_ID}",
-      "set +e",
-      f'if [ "$worker" = 0 ]; then {train_cmd} 2>&1 | tee {LOG_FILE}; '
-      "status=${PIPESTATUS[0]}; "
-      f"else {train_cmd} > {LOG_FILE} 2>&1; status=$?; "
-      f'[ "$status" = 0 ] || tail -n 20 {LOG_FILE}; fi',
-      f"echo $status > {STATUS_FILE}",
+      f"pid=$(cat {PID_FILE} 2>/dev/null)",
+      f'if {alive} && [ "$(cat {CMD_FILE} 2>/dev/null)" = {run} ]; then '
+      '[ "$worker" = 0 ] && echo "launch: following the training that is still '
+      'running on the slice (last 20 lines of its log first)"; lines=20; '
+      f"else if {alive}; then "
+      '[ "$worker" = 0 ] && echo "launch: stopping the training of another commit '
+      'or command that is still running (SIGTERM: it saves a checkpoint)"; '
+      'pkill -TERM -P "$pid"; while kill -0 "$pid" 2>/dev/null; do sleep 1; done; fi',
+      f"rm -f {STATUS_FILE} {PID_FILE} {CMD_FILE}",
+      "{ if [ -d ~/bertjax/.git ]; then cd ~/bertjax && "
+      f"git remote set-url origin {q(repo)} && git fetch -q origin; "
+      f"else git clone -q {q(repo)} ~/bertjax && cd ~/bertjax; fi && "
+      f"git checkout -q --detach {q(rev)} && "
+      'python3 -m pip install -q ".[tpu]"; } || '
+      f"{{ status=$?; echo $status > {STATUS_FILE}; exit $status; }}",
+      f"echo {run} > {CMD_FILE}",
+      f": > {LOG_FILE}",
+      f"( trap '' HUP; {train_cmd} >> {LOG_FILE} 2>&1; echo $? > {STATUS_FILE}.tmp; "
+      f"mv {STATUS_FILE}.tmp {STATUS_FILE} ) < /dev/null > /dev/null 2>&1 & "
+      f"pid=$!; echo $pid > {PID_FILE}; lines=+1; fi",
+      f'[ "$worker" = 0 ] && tail -n $lines -f --pid="$pid" {LOG_FILE}',
+      'while kill -0 "$pid" 2>/dev/null; do sleep 1; done',
+      f"status=$(cat {STATUS_FILE} 2>/dev/null)",
+      '[ -n "$status" ] || { echo "launch: the training on worker $worker ended '
+      f'without writing {STATUS_FILE} (killed?); see {LOG_FILE}"; status=1; '
+      f"echo 1 > {STATUS_FILE}; }}",
+      f'[ "$worker" = 0 ] || [ "$status" = 0 ] || tail -n 20 {LOG_FILE}',
       "exit $status",
   ])
 

@@ -18,13 +18,16 @@ From the repository's root (``launch/`` is not part of the installed package):
    run saved a checkpoint) or the slice was lost under it, waits for the slice
    (deleting and recreating a preempted spot VM or suspended queued resource)
    and runs again, resuming from the workdir, at most ``--max_restarts`` times;
-   any other failure stops here with its status;
-4. with ``--delete_at_end``, deletes the slice however the run ended.
+   any other failure stops here with its status; a dropped ssh session on a
+   READY slice is no failure: the workers train detached from it, and the
+   launcher reconnects to follow the training to its status;
+4. with ``--delete_at_end``, deletes the slice however the run ended, unless
+   its training's outcome is unknown (worker 0 unreachable).
 
 ``--dry_run`` prints every command instead of running it. ``--gke_manifest``
 prints a GKE JobSet manifest running the same command (``launch/gke.py``).
-Keep the launching terminal alive (tmux/screen): the training runs inside its
-ssh session. Running the same command again resumes the run.
+The training runs on if the launcher's ssh session or terminal dies; running
+the same command again follows it (or resumes the run once it has stopped).
 """
 
 from __future__ import annotations
@@ -157,8 +160,22 @@ def ensure_ready(target: gcloud.Target, runner: Runner, *, poll_seconds: float,
     waited += poll_seconds
 
 
+SSH_FAILED = 255  # what gcloud's ssh exits with when the connection fails
+# Reconnects in a row without a status or a live training on worker 0 (it
+# cannot be reached, or never started); then the launcher stops, leaving the
+# slice (and whatever runs on it) alone.
+MAX_RECONNECTS = 10
+
+
 def outcome(target: gcloud.Target, runner: Runner, returncode: int) -> str:
-  """'done', 'preempted' or 'failed' for the training ssh's exit status."""
+  """What the training ssh's exit status means: 'done', 'preempted', 'failed',
+  or, when it says nothing about the training, 'running' (worker 0 still
+  trains) or 'unknown' (worker 0 cannot be reached, or has neither a status
+  nor a live training).
+
+  The workers train detached from the ssh session (``gcloud.remote_script``),
+  so a dropped session (gcloud's 255) does not end the training.
+  """
   if returncode == 0:
     return "done"
   if returncode == EXIT_PREEMPTED:
@@ -166,18 +183,27 @@ def outcome(target: gcloud.Target, runner: Runner, returncode: int) -> str:
   if state(target, runner) not in gcloud.READY:
     return "preempted"  # the slice went away under the run
   # gcloud may not pass a worker's 75 through; worker 0 wrote its own status.
-  status = runner.run(gcloud.ssh_argv(target, f"cat {gcloud.STATUS_FILE}", worker="0"),
-                      capture=True)
-  if status.returncode == 0 and status.stdout.strip() == str(EXIT_PREEMPTED):
+  probe = (f"cat {gcloud.STATUS_FILE} 2>/dev/null || {{ kill -0 "
+           f"\"$(cat {gcloud.PID_FILE} 2>/dev/null)\" 2>/dev/null && echo running; }} "
+           "|| echo none")
+  status = runner.run(gcloud.ssh_argv(target, probe, worker="0"), capture=True)
+  written = status.stdout.strip()
+  if status.returncode != 0 or not written.isdigit():
+    return "running" if status.returncode == 0 and written == "running" else "unknown"
+  if written == str(EXIT_PREEMPTED):
     return "preempted"
+  if written == "0" and returncode == SSH_FAILED:
+    return "done"  # the training finished; only the session failed
   return "failed"
 
 
 def launch(target: gcloud.Target, command: str, runner: Runner, *, max_restarts: int,
            delete_at_end: bool, poll_seconds: float = 30,
            timeout_seconds: float = 3600) -> int:
-  """Trains on the slice until done; returns 0, 75 (restarts used up) or the failure's status."""
-  restarts = 0
+  """Trains on the slice until done; returns 0, 75 (restarts used up) or the
+  failure's status (the ssh's when the training's outcome stays unknown)."""
+  restarts = misses = 0
+  unknown = False  # the slice may still be training: never delete it then
   try:
     while True:
       ensure_ready(target, runner, poll_seconds=poll_seconds,
@@ -191,6 +217,22 @@ def launch(target: gcloud.Target, command: str, runner: Runner, *, max_restarts:
         _log(f"training failed with status {returncode}; not re-running it "
              "(worker logs: ~/bertjax-train.log on each worker).")
         return returncode
+      if result in ("running", "unknown"):
+        misses = 0 if result == "running" else misses + 1
+        if misses > MAX_RECONNECTS:
+          unknown = True
+          _log(f"the ssh session to {target.name} ended (status {returncode}) "
+               f"{misses} times in a row without a training status from worker 0, "
+               "so the outcome is unknown; the slice is left as it is (not "
+               "deleted): run the same command again to follow the training.")
+          return returncode
+        why = ("the training runs on" if result == "running" else
+               "worker 0 gave no training status")
+        _log(f"the ssh session to {target.name} ended (status {returncode}) on the "
+             f"READY slice and {why}; reconnecting to follow it.")
+        runner.sleep(poll_seconds)
+        continue
+      misses = 0
       if restarts >= max_restarts:
         _log(f"preempted after {restarts} restart(s) (--max_restarts={max_restarts}); "
              "run the same command again to resume from the last checkpoint.")
@@ -199,7 +241,7 @@ def launch(target: gcloud.Target, command: str, runner: Runner, *, max_restarts:
       _log(f"preempted; resuming from the last checkpoint (restart {restarts} of "
            f"{max_restarts}).")
   finally:
-    if delete_at_end:
+    if delete_at_end and not unknown:
       runner.run(gcloud.delete_argv(target))
 
 
@@ -211,7 +253,8 @@ def dry_run(target: gcloud.Target, command: str, *, delete_at_end: bool,
   out(shlex.join(gcloud.create_argv(target)))
   out(f"# poll until it prints {ready}")
   out(shlex.join(gcloud.describe_argv(target)))
-  out("# train on every worker; after exit 75 (preempted) wait for the slice and run again")
+  out("# train on every worker; after exit 75 (preempted) wait for the slice and run "
+      "again, after a dropped session run again to follow the training")
   out(shlex.join(gcloud.ssh_argv(target, command)))
   if delete_at_end:
     out("# delete the slice")

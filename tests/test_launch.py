@@ -2,8 +2,10 @@
 
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml  # PyYAML comes with flax
@@ -49,7 +51,7 @@ def _train_commands(script):
   for i, token in enumerate(tokens):
     if token == "bertjax.main":
       j = i + 1
-      while tokens[j] not in (";", ">", "2>&1", "|"):
+      while tokens[j] not in (";", ">", ">>", "2>&1", "|"):
         j += 1
       found.append(tokens[i - 2:j])
   return found
@@ -78,7 +80,7 @@ def test_dry_run_spot_slice(tmp_path, accelerator, runtime, hosts):
   script = _worker_script(ssh)
   assert f"git checkout -q --detach {REV}" in script
   assert "git clone -q https://example.com/bertjax.git" in script
-  assert _train_commands(script) == [TRAIN, TRAIN]  # worker 0's branch and the others'
+  assert _train_commands(script) == [TRAIN]  # the same on every worker
   assert delete[3:6] == ["tpu-vm", "delete", "pod-a"] and "--quiet" in delete
   assert topologies.parse(accelerator).hosts == hosts
 
@@ -99,7 +101,7 @@ def test_dry_run_queued_resource(tmp_path):
   assert describe[3:5] == ["queued-resources", "describe"]
   assert _flag(describe, "--format") == "value(state.state)"
   assert _flag(ssh, "--worker") == "all" and _flag(ssh, "--project") == "proj"
-  assert _train_commands(_worker_script(ssh)) == [TRAIN, TRAIN]
+  assert _train_commands(_worker_script(ssh)) == [TRAIN]
 
 
 def test_on_demand_has_no_spot_flag(tmp_path):
@@ -236,9 +238,9 @@ class FakeRunner:
   """Records argv lists; answers describe with scripted states and the
   training ssh with scripted exit codes."""
 
-  def __init__(self, states, exits, worker0_status="1"):
+  def __init__(self, states, exits, worker0_status="1", worker0_rc=0):
     self.states, self.exits = list(states), list(exits)
-    self.worker0_status = worker0_status
+    self.worker0_status, self.worker0_rc = worker0_status, worker0_rc
     self.calls, self.slept = [], 0.0
 
   def run(self, argv, capture=False):
@@ -249,7 +251,7 @@ class FakeRunner:
     if "ssh" in argv and "--worker=all" in argv:
       return tpu.Result(self.exits.pop(0))
     if "ssh" in argv:
-      return tpu.Result(0, self.worker0_status + "\n")
+      return tpu.Result(self.worker0_rc, self.worker0_status + "\n")
     return tpu.Result(0)
 
   def sleep(self, seconds):
@@ -318,6 +320,37 @@ def test_a_lost_slice_or_worker_status_75_counts_as_preemption():
                             "ssh:all"]
 
 
+def test_dropped_ssh_on_a_ready_slice_reconnects_and_never_deletes_early(capsys):
+  # gcloud's ssh fails (255) on a READY slice while worker 0 still trains
+  # (detached from the session): not a failure; the launcher reconnects, and
+  # deletes the slice only once the training has finished.
+  runner = FakeRunner(states=["READY"] * 4, exits=[255, 0], worker0_status="running")
+  rc = tpu.launch(_target(spot=True), "C", runner, max_restarts=20, delete_at_end=True)
+  assert rc == 0
+  assert runner.verbs() == ["describe", "ssh:all", "describe", "ssh:0", "describe",
+                            "ssh:all", "delete"]
+  err = capsys.readouterr().err
+  assert "failed" not in err and "reconnecting" in err
+  # The session dropped after worker 0 had finished: done, not failed.
+  runner = FakeRunner(states=["READY"] * 2, exits=[255], worker0_status="0")
+  assert tpu.launch(_target(), "C", runner, max_restarts=0, delete_at_end=True) == 0
+  assert runner.verbs()[-1] == "delete" and runner.verbs().count("ssh:all") == 1
+
+
+def test_a_slice_whose_training_outcome_stays_unknown_is_not_deleted(capsys):
+  # Neither the training ssh nor worker 0 can be reached (gcloud's 255 for both).
+  tries = tpu.MAX_RECONNECTS + 1
+  runner = FakeRunner(states=["READY"] * (2 * tries), exits=[255] * tries,
+                      worker0_status="", worker0_rc=255)
+  rc = tpu.launch(_target(spot=True), "C", runner, max_restarts=20, delete_at_end=True,
+                  poll_seconds=5)
+  assert rc == 255
+  assert runner.verbs().count("ssh:all") == tries and "delete" not in runner.verbs()
+  assert runner.slept == 5 * tpu.MAX_RECONNECTS
+  last = capsys.readouterr().err.strip().splitlines()[-1]
+  assert "outcome is unknown" in last and "not deleted" in last
+
+
 def test_waiting_too_long_gives_up():
   runner = FakeRunner(states=["CREATING"] * 10, exits=[])
   with pytest.raises(tpu.LaunchError, match="--ready_timeout_minutes"):
@@ -348,7 +381,7 @@ def test_gke_manifest_runs_the_same_command(tmp_path, accelerator, hosts, topolo
   dry = _launch(f"--accelerator_type={accelerator}", "--dry_run", cwd=tmp_path)
   ssh = _commands(dry.stdout)[2]
   assert container["command"] == ["bash", "-c", _worker_script(ssh)]
-  assert _train_commands(container["command"][2]) == [TRAIN, TRAIN]
+  assert _train_commands(container["command"][2]) == [TRAIN]
 
 
 def test_running_the_gke_module_points_to_the_launcher():
@@ -406,6 +439,44 @@ def test_worker_script_checks_out_the_commit_and_reports_the_status(tmp_path):
   assert "train at" not in second.stdout
   assert (home / "bertjax-train.status").read_text().strip() == "0"
   assert f"train at {rev2}: " in (home / "bertjax-train.log").read_text()
+
+
+def test_training_outlives_a_dropped_session_and_a_rerun_follows_it(tmp_path):
+  """The worker script trains detached: killing its session (a dropped ssh)
+  leaves the training running, and the same script run again follows that
+  training to its status instead of starting a second one."""
+  origin, home, bin_dir = tmp_path / "origin", tmp_path / "home", tmp_path / "bin"
+  home.mkdir()
+  bin_dir.mkdir()
+  _git(tmp_path, "init", "-q", str(origin))
+  (origin / "f.txt").write_text("1")
+  _git(origin, "add", "f.txt")
+  _git(origin, "commit", "-qm", "one")
+  rev = subprocess.run(["git", "-C", str(origin), "rev-parse", "HEAD"],
+                       capture_output=True, text=True, check=True).stdout.strip()
+  python3 = bin_dir / "python3"
+  python3.write_text('#!/bin/bash\n[ "$1 $2" = "-m pip" ] && exit 0\n'
+                     'echo "train started"; sleep 3; echo "train ended"; exit 75\n')
+  python3.chmod(0o755)
+  script = gcloud.remote_script(str(origin), rev, gcloud.train_argv("c.py", "gs://b", []))
+  env = {"HOME": str(home), "PATH": f"{bin_dir}:{os.environ['PATH']}",
+         "TPU_WORKER_ID": "0"}
+  session = subprocess.Popen(["bash", "-c", script], env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+  log = home / "bertjax-train.log"
+  for _ in range(100):
+    if log.exists() and "train started" in log.read_text():
+      break
+    time.sleep(0.05)
+  session.send_signal(signal.SIGHUP)  # the ssh connection drops
+  session.wait(timeout=10)
+  assert not (home / "bertjax-train.status").exists()  # still training
+  again = subprocess.run(["bash", "-c", script], env=env, capture_output=True,
+                         text=True, timeout=30)
+  assert again.returncode == 75, again.stderr
+  assert "launch: following the training" in again.stdout and "train ended" in again.stdout
+  assert log.read_text().count("train started") == 1  # one training, not two
+  assert (home / "bertjax-train.status").read_text().strip() == "75"
 
 
 def test_importing_the_launcher_defines_no_global_flags():
