@@ -107,14 +107,18 @@ def parse(accelerator_type: str) -> Slice:
     raise ValueError(
         f"--accelerator_type={accelerator_type!r} is not a slice Cloud TPU offers; "
         f"pick one of {sizes}.")
+  # v4 and v5p come in whole hosts only, the smallest slice being one host.
+  if (not gen.offered_chips or chips > gen.max_single_host) and chips % gen.host_chips:
+    below, above = chips // gen.host_chips, chips // gen.host_chips + 1
+    sizes = " or ".join(f"{name}-{h * gen.host_chips * gen.cores_per_chip}"
+                        for h in (below, above) if h)
+    raise ValueError(
+        f"--accelerator_type={accelerator_type!r}: a {name} slice is whole hosts "
+        f"of {gen.host_chips} chips ({gen.host_chips * gen.cores_per_chip} "
+        f"TensorCores), and {chips} {'chip is' if chips == 1 else 'chips are'} "
+        f"not; pick {sizes}.")
   if chips <= gen.max_single_host:
     hosts, per_host = 1, chips
-  elif chips % gen.host_chips:
-    raise ValueError(
-        f"--accelerator_type={accelerator_type!r}: a multi-host {name} slice is "
-        f"whole hosts of {gen.host_chips} chips, and {chips} chips are not; pick "
-        f"a size listed in launch/topologies.py, e.g. "
-        f"{name}-{4 * gen.host_chips * gen.cores_per_chip}.")
   else:
     hosts, per_host = math.ceil(chips / gen.host_chips), gen.host_chips
   grids = GRID_3D if gen.grid_dims == 3 else GRID_2D

@@ -193,6 +193,18 @@ def test_sizes_cloud_tpu_does_not_offer_are_refused(accelerator, nearest):
     assert topologies.parse(f"{accelerator.split('-')[0]}-{chips * gen.cores_per_chip}").chips == chips
 
 
+@pytest.mark.parametrize("accelerator,chips,pick", [
+    ("v5p-2", "1 chip is", "pick v5p-8."), ("v5p-4", "2 chips are", "pick v5p-8."),
+    ("v5p-6", "3 chips are", "pick v5p-8."), ("v4-4", "2 chips are", "pick v4-8."),
+    ("v5p-12", "6 chips are", "pick v5p-8 or v5p-16.")])
+def test_v4_and_v5p_below_a_whole_host_are_refused(accelerator, chips, pick):
+  # v5p-2/4/6 and v4-4 were taken for one host of 1-3 chips; Cloud TPU's
+  # smallest v4/v5p slice is one host of 4 chips (v4-8, v5p-8).
+  with pytest.raises(ValueError, match="whole hosts of 4 chips") as e:
+    topologies.parse(accelerator)
+  assert chips in str(e.value) and str(e.value).endswith(pick)
+
+
 def test_host_counts_and_topologies():
   # accelerator type -> (chips, hosts, chips per host, topology)
   expected = {
