@@ -309,6 +309,41 @@ def validate(*, name: str, accelerator_type: str, config: str, workdir: str,
   return slice_
 
 
+_ZONE_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")  # region-letter: us-east5-a
+_REGION_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
+
+
+def check_zone(zone: str) -> None:
+  """Refuses a --zone that is no zone (a region, a typo) before gcloud does."""
+  if _ZONE_RE.match(zone):
+    return
+  if _REGION_RE.match(zone):
+    raise LaunchError(f"--zone={zone!r} is a region, not a zone; pass one of its "
+                      f"zones, e.g. --zone={zone}-a.")
+  raise LaunchError(f"--zone={zone!r} is not a Cloud TPU zone; pass region-letter, "
+                    "e.g. --zone=us-east5-a (v5p) or --zone=us-west4-a (v5e).")
+
+
+def check_workdir(workdir: str, *, spot: bool, queued: bool, max_restarts: int,
+                  delete_at_end: bool, gke: bool) -> None:
+  """Refuses a workdir on the slice's own disk where that disk, with the
+  checkpoints, goes away: a re-created slice (preemption), --delete_at_end,
+  or a GKE pod. (A multi-host slice needs gs:// anyway: ``validate``.)"""
+  if workdir.startswith("gs://"):
+    return
+  if gke:
+    lost = "a GKE pod's disk, which goes with the pod"
+  elif delete_at_end:
+    lost = "the TPU VM's own disk, which --delete_at_end deletes with the slice"
+  elif spot or queued or max_restarts > 0:
+    lost = ("the TPU VM's own disk, which a preempted or lost slice loses when it "
+            "is created again, so the run could not resume")
+  else:
+    return
+  raise LaunchError(f"--workdir={workdir!r} is on {lost}; use a bucket path such as "
+                    "gs://my-bucket/run1.")
+
+
 def require_gcloud() -> None:
   """Refuses to start without the gcloud CLI, before anything is created."""
   if shutil.which("gcloud") is None:
@@ -347,6 +382,11 @@ def main(argv: Sequence[str]) -> int:
                       "(never re-run) or more.")
   slice_ = validate(name=_NAME.value, accelerator_type=_ACCELERATOR.value,
                     config=_CONFIG.value, workdir=_WORKDIR.value, extra=extra)
+  if _ZONE.value:
+    check_zone(_ZONE.value)
+  check_workdir(_WORKDIR.value, spot=_SPOT.value, queued=_QUEUED.value,
+                max_restarts=_MAX_RESTARTS.value, delete_at_end=_DELETE.value,
+                gke=_GKE.value)
   repo, rev = resolve_source(_REPO.value, _REV.value, _ALLOW_DIRTY.value)
   check_config(_CONFIG.value, rev, extra, slice_)
   if not (_GKE.value or _DRY_RUN.value):

@@ -114,6 +114,11 @@ def test_on_demand_has_no_spot_flag(tmp_path):
 @pytest.mark.parametrize("flags,words", [
     (["--accelerator_type=v5p-128", "--workdir=/tmp/run"], ["gs://", "16 hosts"]),
     (["--accelerator_type=v5p-127"], ["multiple of 2"]),
+    (["--accelerator_type=v5p-8", "--zone=us-east5"], ["region, not a zone",
+                                                        "--zone=us-east5-a"]),
+    (["--accelerator_type=v5p-8", "--zone=useast5a"], ["not a Cloud TPU zone"]),
+    (["--accelerator_type=v5p-8", "--workdir=/tmp/run", "--spot", "--max_restarts=20",
+      "--delete_at_end"], ["/tmp/run", "--delete_at_end deletes", "gs://"]),
     (["--accelerator_type=v7-8"], ["not a Cloud TPU type"]),
     (["--accelerator_type=v5p-8", "--config=/home/me/my.py"], ["inside"]),
     (["--accelerator_type=v5p-8", "--name=Pod_A"], ["lowercase"]),
@@ -139,6 +144,33 @@ def test_bad_input_is_refused_before_anything_runs(tmp_path, flags, words):
   assert message.startswith("error:") and "\n" not in message
   for word in words:
     assert word in message
+
+
+def test_a_workdir_on_the_vms_disk_is_refused_where_the_disk_goes_away():
+  # One host: a local workdir passed, but a re-created spot VM (or the
+  # deleted slice) takes the checkpoints with it: no resume, no result.
+  def check(**kw):
+    args = dict(spot=False, queued=False, max_restarts=0, delete_at_end=False,
+                gke=False)
+    tpu.check_workdir("/tmp/run", **{**args, **kw})
+  for kw, words in [({"spot": True}, "could not resume"),
+                    ({"queued": True}, "could not resume"),
+                    ({"max_restarts": 3}, "could not resume"),
+                    ({"delete_at_end": True}, "--delete_at_end deletes"),
+                    ({"gke": True}, "GKE pod")]:
+    with pytest.raises(tpu.LaunchError, match=f"^--workdir='/tmp/run' is on .*{words}"
+                       ".*; use a bucket path such as gs://my-bucket/run1.$"):
+      check(**kw)
+  check()  # an on-demand VM kept after the run keeps its disk
+  tpu.check_workdir("gs://b/run", spot=True, queued=True, max_restarts=3,
+                    delete_at_end=True, gke=True)
+
+
+def test_zones():
+  for zone in ("us-east5-a", "europe-west4-b", "northamerica-northeast1-c"):
+    tpu.check_zone(zone)
+  with pytest.raises(tpu.LaunchError, match="^--zone='europe-west4' is a region"):
+    tpu.check_zone("europe-west4")
 
 
 def test_only_config_overrides_pass_through(tmp_path):
