@@ -45,11 +45,14 @@ def slot_shortfall(config) -> str | None:
           "to mask at mask_rate.")
 
 
-def validate(config, *, variant: bool = True) -> None:
+def validate(config, *, variant: bool = True, devices: int | None = None,
+             hosts: int | None = None) -> None:
   """Range and choice checks on the loop's config fields, and a mesh_shape
   that fits the devices and divides the model's sharded dimensions; with
   ``variant``, the objective's and model's own fields too (``check_variant``;
-  training runs that after comparing the config with the workdir's)."""
+  training runs that after comparing the config with the workdir's).
+  ``devices`` and ``hosts`` (default: JAX's) check it for another machine,
+  e.g. the TPU slice the launcher is about to create."""
   if "task" in config and "objective" not in config:
     raise ValueError(
         "This is a fine-tuning config (configs/finetune.py), not a "
@@ -118,10 +121,10 @@ def validate(config, *, variant: bool = True) -> None:
   import jax
   from bertjax import sharding
   shape = dict(zip(sharding.MESH_AXES, sharding.parse_mesh_shape(
-      config.mesh_shape, jax.device_count())))
+      config.mesh_shape, jax.device_count() if devices is None else devices)))
   check_sharded_dims(config, shape)
   # Before any data is prepared: the same check as check_mesh, on the shape.
-  _check_batch(config, shape["data"] * shape["fsdp"], shape)
+  _check_batch(config, shape["data"] * shape["fsdp"], shape, hosts)
 
 
 def check_variant(config) -> None:
@@ -288,16 +291,18 @@ def check_mesh(config, mesh) -> None:
   _check_batch(config, sharding.batch_parallelism(mesh), dict(mesh.shape))
 
 
-def _check_batch(config, ways: int, mesh_shape: dict[str, int]) -> None:
+def _check_batch(config, ways: int, mesh_shape: dict[str, int],
+                 hosts: int | None = None) -> None:
   import jax
+  hosts = jax.process_count() if hosts is None else hosts
   micro = int(config.get("microbatches", 1))
-  if config.batch_size % (ways * micro) or config.batch_size % jax.process_count():
-    unit = math.lcm(ways * micro, jax.process_count())
+  if config.batch_size % (ways * micro) or config.batch_size % hosts:
+    unit = math.lcm(ways * micro, hosts)
     raise ValueError(
         f"config.batch_size={config.batch_size!r} is invalid: the global batch "
         f"must be divisible by microbatches ({micro}) times the {ways} "
         f"data-parallel devices (mesh {mesh_shape}), and by the "
-        f"{jax.process_count()} hosts; set --config.batch_size to a multiple "
+        f"{hosts} hosts; set --config.batch_size to a multiple "
         f"of {unit}, e.g. --config.batch_size={-(-config.batch_size // unit) * unit}.")
 
 

@@ -110,3 +110,24 @@ def batch_fits(config, slice_: topologies.Slice) -> None:
         f"({micro}) times the {data * fsdp} data-parallel chips of "
         f"mesh_shape={config.mesh_shape!r} and by its {slice_.hosts} hosts; "
         f"pass e.g. -- --config.batch_size={unit * max(1, config.batch_size // unit)}.")
+
+
+def config_fits(config, slice_: topologies.Slice) -> None:
+  """Runs the checks ``bertjax.main`` runs before any device work (field
+  ranges, the objective's and model's fields, ``allow_changes``), with the
+  mesh and batch checked against the slice's chips and hosts (a tensor axis
+  that does not divide the model's heads, for one): a refusal the workers
+  would print after the slice was created and bertjax installed."""
+  import jax
+  from bertjax import compat
+  from bertjax import config_validation
+  # The checks trace the model's shapes only; no accelerator is probed here.
+  jax.config.update("jax_platforms", "cpu")
+  try:
+    config_validation.validate(config, variant=False, devices=slice_.chips,
+                               hosts=slice_.hosts)
+    compat.allowed(config)
+    config_validation.check_variant(config)
+  except ValueError as e:
+    raise ValueError(f"On a {slice_.accelerator_type} ({slice_.chips} chips): "
+                     f"{e}") from None

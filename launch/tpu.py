@@ -355,8 +355,9 @@ def require_gcloud() -> None:
 
 def check_config(config: str, rev: str, extra: Sequence[str],
                  slice_: topologies.Slice) -> None:
-  """The config exists in the commit, its overrides apply, and its batch and
-  mesh fit the slice (the last two only where bertjax is installed here)."""
+  """The config exists in the commit, its overrides apply, its batch and mesh
+  fit the slice and it passes bertjax's own checks (all but the first only
+  where bertjax is installed here)."""
   try:
     preflight.config_in_commit(ROOT, config, rev)
     loaded = preflight.load_config(ROOT, config, extra)
@@ -365,6 +366,7 @@ def check_config(config: str, rev: str, extra: Sequence[str],
            "fields, batch and mesh are checked only on the workers.")
       return
     preflight.batch_fits(loaded, slice_)
+    preflight.config_fits(loaded, slice_)
   except ValueError as e:
     raise LaunchError(str(e)) from None
 
