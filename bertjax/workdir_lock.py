@@ -11,6 +11,12 @@ Limits: only local (and NFS) paths are locked; a ``gs://`` workdir cannot be,
 and on a multi-host pod only process 0 takes the lock. Worker processes
 forked while the lock is held (data preparation) inherit it and hold it until
 they exit. ``bertjax.evaluate`` and ``bertjax.load`` only read and take no lock.
+
+``DataDirLock`` is the same lock on ``<data_dir>/.bertjax-prepare.lock``, held
+by data preparation (``bertjax.prepare`` and a training run's prepare step)
+only while it writes the data_dir (bertjax/data/prepare.py): a second prepare
+of the same data_dir is refused, naming the first, while runs that only read
+data prepared there take no lock and are never blocked.
 """
 
 from __future__ import annotations
@@ -22,22 +28,24 @@ import socket
 import time
 
 LOCK_FILE = ".bertjax.lock"
+DATA_LOCK_FILE = ".bertjax-prepare.lock"
 
 
 class WorkdirBusy(ValueError):
   """Another live run holds the workdir."""
 
 
-def _unwritable(workdir: str, error: OSError) -> ValueError:
+def _unwritable(workdir: str, error: OSError, flag: str = "--workdir",
+                what: str = "the workdir") -> ValueError:
   if isinstance(error, (NotADirectoryError, FileExistsError)) or (
       os.path.exists(workdir) and not os.path.isdir(workdir)):
     return ValueError(
-        f"--workdir={workdir} is a file, or lies under one, not a directory; "
+        f"{flag}={workdir} is a file, or lies under one, not a directory; "
         "pass the path of a directory (it is created if missing).")
   reason = os.strerror(error.errno) if error.errno else type(error).__name__
   return ValueError(
-      f"Cannot write to the workdir {workdir} ({reason.lower()}); make it "
-      "writable or pass another --workdir.")
+      f"Cannot write to {what} {workdir} ({reason.lower()}); make it "
+      f"writable or pass another {flag}.")
 
 
 # What a run rewrites, appends to or prunes in its workdir: where one exists
@@ -79,10 +87,21 @@ def check_writable(workdir: str) -> None:
 class WorkdirLock:
   """The run's hold on its workdir; ``release`` (or process death) ends it."""
 
+  lock_file = LOCK_FILE
+  flag, what = "--workdir", "the workdir"
+
   def __init__(self, workdir: str):
     self.workdir = workdir
-    self.path = os.path.join(workdir, LOCK_FILE)
+    self.path = os.path.join(workdir, self.lock_file)
     self._fd = None
+
+  def _check(self) -> None:
+    check_writable(self.workdir)
+
+  def _busy(self, holder: str) -> str:
+    return (f"Another bertjax run ({holder}) is training in the workdir "
+            f"{self.workdir}; wait for it to end or stop it, or pass another "
+            "--workdir.")
 
   def acquire(self) -> "WorkdirLock":
     """Creates the workdir if needed and takes the lock.
@@ -94,28 +113,26 @@ class WorkdirLock:
     try:
       os.makedirs(self.workdir, exist_ok=True)
     except OSError as e:
-      raise _unwritable(self.workdir, e) from None
-    check_writable(self.workdir)  # before the lock file is made
+      raise _unwritable(self.workdir, e, self.flag, self.what) from None
+    self._check()  # before the lock file is made
     try:
       fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
-      raise _unwritable(self.workdir, e) from None
+      raise _unwritable(self.workdir, e, self.flag, self.what) from None
     effective = os.access in os.supports_effective_ids
     # An existing lock file opens all the same: the directory must be writable.
     if not os.access(self.workdir, os.W_OK, effective_ids=effective):
       os.close(fd)
-      raise _unwritable(self.workdir, PermissionError(errno.EACCES, "")) from None
+      raise _unwritable(self.workdir, PermissionError(errno.EACCES, ""),
+                       self.flag, self.what) from None
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
       holder = os.pread(fd, 400, 0).decode("utf-8", "replace").strip()
       os.close(fd)
       if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-        raise _unwritable(self.workdir, e) from None
-      raise WorkdirBusy(
-          f"Another bertjax run ({holder or 'unknown process'}) is training in "
-          f"the workdir {self.workdir}; wait for it to end or stop it, or pass "
-          "another --workdir.") from None
+        raise _unwritable(self.workdir, e, self.flag, self.what) from None
+      raise WorkdirBusy(self._busy(holder or "unknown process")) from None
     text = (f"pid {os.getpid()} on host {socket.gethostname()}, started "
             f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n").encode()
     try:
@@ -123,7 +140,7 @@ class WorkdirLock:
       os.pwrite(fd, text, 0)
     except OSError as e:
       os.close(fd)
-      raise _unwritable(self.workdir, e) from None
+      raise _unwritable(self.workdir, e, self.flag, self.what) from None
     self._fd = fd
     return self
 
@@ -138,6 +155,23 @@ class WorkdirLock:
 
   def __exit__(self, *exc):
     self.release()
+
+
+class DataDirLock(WorkdirLock):
+  """Data preparation's hold on a local data_dir while it writes there."""
+
+  lock_file = DATA_LOCK_FILE
+  flag, what = "--config.data_dir", "the data_dir"
+
+  def _check(self) -> None:
+    from bertjax import paths
+    paths.require_writable(self.workdir, self.flag, self.what)
+
+  def _busy(self, holder: str) -> str:
+    return (f"Another bertjax prepare ({holder}) is writing the data_dir "
+            f"{self.workdir}; wait for it to end and run this command again "
+            "(it then reuses what that one prepared), or point "
+            "--config.data_dir at another directory.")
 
 
 def hold(workdir: str, process_index: int = 0) -> WorkdirLock | None:

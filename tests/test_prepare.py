@@ -369,3 +369,22 @@ def test_tokenizer_without_byte_fallback_warns_of_unk(demo_config, text_dir, tmp
   warned = [r.getMessage() for r in caplog.records if "[UNK]" in r.getMessage()]
   assert any(w.startswith("split validation is ") and "predates byte fallback" in w
              and "--config.data_dir" in w and "\n" not in w for w in warned)
+
+
+def test_a_data_dir_being_prepared_is_refused_to_a_second_prepare(
+    demo_config, demo_data, text_dir, tmp_path):
+  """A second prepare of a data_dir another one is writing is refused, naming
+  it; a run whose data is all prepared there only reads, and is not blocked."""
+  from bertjax import workdir_lock
+  config = _local_config(demo_config, f"{text_dir}/*.txt")
+  data_dir = str(tmp_path / "data")
+  with workdir_lock.DataDirLock(data_dir):
+    before = _snapshot(data_dir)
+    with pytest.raises(ValueError, match=(
+        r"^Another bertjax prepare \(pid \d+ on host .*\) is writing the data_dir "
+        r".*; wait for it to end and run this command again")):
+      prepare.prepare(config, data_dir)
+    assert _snapshot(data_dir) == before
+  assert prepare.prepare(config, data_dir).splits  # free again
+  with workdir_lock.DataDirLock(demo_data.data_dir):
+    assert prepare.prepare(demo_config, demo_data.data_dir) == demo_data

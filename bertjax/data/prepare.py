@@ -48,6 +48,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from bertjax import paths
+from bertjax import workdir_lock
 from bertjax.data import bucket_units
 from bertjax.data import builders
 from bertjax.data import knowledge
@@ -249,12 +250,55 @@ def prepare(config, data_dir: str, *, beam_runner: str = "",
   layout.check_data_dir(config, data_dir)
   spans = (knowledge.Settings.from_config(config)
            if config.get("knowledge_spans", False) else None)
+  # A local data_dir is locked while this writes it; a run whose data is all
+  # there only reads, and takes no lock (bertjax/workdir_lock.py).
+  lock = None
+  if not paths.is_remote(data_dir) and unprepared(config, data_dir):
+    lock = workdir_lock.DataDirLock(data_dir).acquire()
   try:
     if paths.is_remote(data_dir):
       return _prepare_mirrored(config, data_dir, spans, engine)
     return _prepare(config, data_dir, spans, engine)
   finally:
     workers.shutdown()
+    if lock is not None:
+      lock.release()
+
+
+def needed(config, data_dir: str) -> list[tuple[str, str]]:
+  """(what, directory or file) of each thing ``prepare`` makes under
+  ``data_dir`` for ``config``: bertjax's own text datasets, the tokenizer
+  (none for an imported one) and the tokenized datasets. Reads nothing."""
+  spans = bool(config.get("knowledge_spans", False))
+  corpora = mixture.parse(config)
+  items = []
+  texts = ([(c.dataset, mixture.text_dir(data_dir, c) if c.is_local_text() else data_dir)
+            for c in corpora] or [(config.dataset, data_dir)])
+  for dataset, root in texts:
+    name = dataset.partition("/")[0]
+    if name == "bertjax_local_text":
+      items.append((f"text dataset {dataset}",
+                    text_sources.local_text_dir(root, dataset)))
+    elif name == "bertjax_python_docs":
+      items.append((f"text dataset {dataset}", os.fspath(
+          builders.BertjaxPythonDocs(data_dir=root).data_path)))
+  key = mixture.name(corpora) if corpora else builders.source_key(config.dataset)
+  if config.tokenizer != "hf":
+    items.append(("tokenizer", os.path.join(data_dir, "tokenizers", f"{key}.model")))
+  names = ([mixture.shards_name(config, c) for c in corpora] if corpora else
+           [key + (builders.KNOWLEDGE_SUFFIX if spans else "")])
+  for n in names:
+    items.append(("tokenized dataset", os.path.join(
+        data_dir, "bertjax_tokenized", n, _TOKENIZED_VERSION)))
+  return items
+
+
+def unprepared(config, data_dir: str) -> list[tuple[str, str]]:
+  """The items of ``needed`` that are missing or unfinished (a dataset
+  without its published record: still in, or not yet in, ``.staging``)."""
+  return [(what, where) for what, where in needed(config, data_dir)
+          if not (os.path.exists(where) if what == "tokenizer"
+                  else staged.is_published(where))]
 
 
 def check_inputs(config, data_dir: str | None = None, workdir: str | None = None) -> None:
