@@ -8,8 +8,10 @@ same library function, so running this first is optional.
 
   ... --verify   checks every shard prepare made under the data_dir (sha256
                  and size against the manifest recorded at prepare time, and
-                 every record read and decoded); changes nothing; exit status
-                 1 when a shard is damaged.
+                 every record read and decoded), and lists what the config
+                 needs that is missing or unfinished (its text and tokenized
+                 datasets, its tokenizer); changes nothing; exit status 1
+                 when a shard is damaged or something is missing.
   ... --repair   the same check, then removes each damaged dataset and
                  prepares it again (shards are deterministic: the same records).
 
@@ -23,6 +25,7 @@ local workers or DirectRunner; a distributed runner needs a data_dir on a
 disk its workers share (its workers cannot read ArrayRecord from GCS).
 """
 
+import os
 import sys
 
 from absl import app
@@ -36,6 +39,7 @@ from bertjax.data import layout
 from bertjax.data import mixture
 from bertjax.data import prepare
 from bertjax.data import shards
+from bertjax.data import staged
 from bertjax.data import text_sources
 
 _CONFIG = config_files.define_config_flag(
@@ -76,6 +80,21 @@ def _verify(data_dir: str, *, required: bool) -> list[shards.Report]:
   return reports
 
 
+def _report_missing(data_dir: str, missing: list[tuple[str, str]]) -> None:
+  """Prints a line for each thing the config needs that is not (fully)
+  prepared under ``data_dir``, and a summary; nothing when all is there."""
+  if not missing:
+    return
+  for what, where in missing:
+    unfinished = os.path.isdir(os.path.join(where, staged.STAGING)) or (
+        os.path.isdir(f"{where}.sample"))
+    print(f"{'MISSING':<8} {what:<11} {where}"
+          + ("  (unfinished: its finished units wait in .staging)" if unfinished
+             else ""))
+  print(f"{len(missing)} of what the config needs {'is' if len(missing) == 1 else 'are'} "
+        f"not (fully) prepared in {data_dir}")
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -90,11 +109,16 @@ def main(argv):
     # Before anything is read or written: a file where a directory should be.
     layout.check_directories(config, _WORKDIR.value)
     if _VERIFY.value:
-      damaged = any(r.problem for r in _verify(data_dir, required=True))
+      missing = prepare.unprepared(config, data_dir)
+      damaged = any(r.problem for r in _verify(data_dir, required=not missing))
+      _report_missing(data_dir, missing)
       if damaged:
         print("re-prepare the damaged shards with the same command and --repair "
               "instead of --verify", file=sys.stderr)
-      sys.exit(1 if damaged else 0)
+      if missing:
+        print("finish preparing what is missing: run the same command without "
+              "--verify (it resumes what was staged)", file=sys.stderr)
+      sys.exit(1 if damaged or missing else 0)
     if _REPAIR.value:
       reports = _verify(data_dir, required=False)
       for dataset_dir in sorted({r.shard.dataset_dir for r in reports if r.problem}):

@@ -187,3 +187,25 @@ def test_repair_refuses_to_rebuild_local_text_from_changed_files(demo_config, tm
   assert _snapshot(data_dir) == before  # the damaged dataset is still there
   (src / "3.txt").unlink()
   text_sources.check_rebuildable(dataset_dir)  # put back: --repair may go on
+
+
+def test_verify_reports_what_an_interrupted_prepare_left_unfinished(data_copy, tmp_path):
+  """A prepare killed while tokenizing leaves its finished units in .staging
+  and no tokenized dataset: every shard there is sound, but the config's
+  data is not prepared, and --verify says so (status 1) with the fix."""
+  config, data_dir = data_copy
+  tokenized = os.path.join(data_dir, _TOKENIZED)
+  shutil.rmtree(tokenized)
+  os.makedirs(os.path.join(tokenized, ".staging"))
+  args = (f"--config.data_dir={data_dir}",)
+  proc = _run("bertjax.prepare", *args, "--verify", workdir=tmp_path / "w")
+  assert proc.returncode == 1, proc.stdout + proc.stderr
+  assert re.search(r"^MISSING +tokenized dataset " + re.escape(tokenized)
+                   + r"  \(unfinished", proc.stdout, re.M), proc.stdout
+  assert "2 ok, 0 damaged" in proc.stdout
+  assert proc.stdout.strip().endswith(f"1 of what the config needs is not (fully) "
+                                      f"prepared in {data_dir}")
+  assert "run the same command without --verify" in proc.stderr
+  prepare.prepare(config, data_dir)  # the fix
+  proc = _run("bertjax.prepare", *args, "--verify", workdir=tmp_path / "w")
+  assert proc.returncode == 0 and "MISSING" not in proc.stdout, proc.stdout
