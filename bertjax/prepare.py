@@ -25,7 +25,9 @@ local workers or DirectRunner; a distributed runner needs a data_dir on a
 disk its workers share (its workers cannot read ArrayRecord from GCS).
 """
 
+import errno
 import os
+import signal
 import sys
 
 from absl import app
@@ -35,6 +37,7 @@ import tensorflow_datasets as tfds
 
 from bertjax import cli
 from bertjax import config_files
+from bertjax import guards
 from bertjax.data import layout
 from bertjax.data import mixture
 from bertjax.data import prepare
@@ -95,10 +98,47 @@ def _report_missing(data_dir: str, missing: list[tuple[str, str]]) -> None:
         f"not (fully) prepared in {data_dir}")
 
 
+class _Terminated(Exception):
+  """SIGTERM arrived (raised in the main thread by ``_on_sigterm``)."""
+
+
+def _on_sigterm(signum, frame):
+  del signum, frame
+  signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second one ends it at once
+  raise _Terminated
+
+
+def _no_space(error: BaseException) -> bool:
+  return (isinstance(error, OSError) and error.errno == errno.ENOSPC) or (
+      "No space left on device" in str(error))
+
+
 def main(argv):
+  try:
+    _main(argv)
+  except _Terminated:
+    # The pool's workers were stopped on the way up (prepare's clean-up).
+    print("error: stopped by SIGTERM; run the same command again to go on from "
+          "the units already prepared.", file=sys.stderr, flush=True)
+    sys.exit(guards.EXIT_PREEMPTED)
+  except (OSError, RuntimeError) as e:
+    if not _no_space(e):
+      raise
+    where = getattr(e, "filename", None) or prepare.resolve_data_dir(
+        _CONFIG.value, _WORKDIR.value)
+    print(f"error: no space left on the device while writing {where}; free "
+          f"space there (or point --config.data_dir at a disk with room) and "
+          f"run the same command again to resume.", file=sys.stderr, flush=True)
+    sys.exit(guards.EXIT_PREEMPTED)
+
+
+def _main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.INFO)
+  # SIGTERM (a job's scheduler, a preempted VM) stops as Ctrl-C does: the
+  # workers stopped, one line, status 75 (as bertjax.main's): rerun to go on.
+  signal.signal(signal.SIGTERM, _on_sigterm)
   # prepare logs each step and its duration; TFDS's progress bars only add noise.
   tfds.disable_progress_bar()
   config = _CONFIG.value

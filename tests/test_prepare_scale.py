@@ -217,3 +217,57 @@ def test_one_line_50mb_file_is_read_a_block_at_a_time(demo_config, tmp_path):
     assert int(largest) <= 4 * 2**20 + 2**16  # a block and the cut window
     path.unlink()
   assert docs[50] >= 12  # cut into pieces of about 4 MB
+
+
+def test_sigterm_stops_workers_with_one_line_and_status_75(corpus, tmp_path):
+  """SIGTERM (to the prepare only, as a scheduler sends it) while tokenizing:
+  the workers are stopped, one line says to rerun, status 75 (bertjax.main's)."""
+  workdir = tmp_path / "run"
+  flags = [sys.executable, "-m", "bertjax.prepare", "--config=bert.py:tiny",
+           f"--workdir={workdir}", "--config.dataset=bertjax_local_text",
+           f"--config.text_files={corpus}/*.txt", "--config.vocab_size=600",
+           f"--config.prepare_block_mb={_BLOCK_MB}",
+           "--config.tokenizer_sample_sentences=2000", "--config.prepare_workers=2"]
+  env = dict(os.environ, PYTHONPATH=os.getcwd())
+  proc = subprocess.Popen(flags, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, env=env, cwd=str(tmp_path))
+  staging = workdir / "data" / "bertjax_tokenized" / "bertjax_local_text" / "1.0.0" / (
+      staged.STAGING)
+  deadline = time.time() + 300
+  while time.time() < deadline and proc.poll() is None and not staging.exists():
+    time.sleep(0.05)
+  assert proc.poll() is None, "prepare finished before it could be stopped"
+  proc.send_signal(signal.SIGTERM)
+  _, stderr = proc.communicate(timeout=120)
+  assert proc.returncode == 75, stderr[-2000:]
+  assert stderr.strip().splitlines()[-1] == (
+      "error: stopped by SIGTERM; run the same command again to go on from the "
+      "units already prepared.")
+  assert "Traceback" not in stderr and "leaked" not in stderr, stderr[-2000:]
+
+
+@pytest.mark.parametrize("error, where", [
+    (OSError(28, "No space left on device", "/full/disk/shard"), "/full/disk/shard"),
+    (RuntimeError("ArrayRecord write failed: No space left on device"), "DATA_DIR"),
+])
+def test_a_full_disk_is_one_line_naming_the_path_and_the_fix(
+    error, where, tmp_path, monkeypatch, capsys):
+  from absl import flags
+  from bertjax import prepare as binary
+
+  def full(*args, **kwargs):
+    raise error
+
+  monkeypatch.setattr(binary.prepare, "prepare", full)
+  flags.FLAGS(["prepare", "--config=bert.py:tiny", f"--workdir={tmp_path}"])
+  try:
+    with pytest.raises(SystemExit) as exit_:
+      binary.main(["prepare"])
+  finally:
+    flags.FLAGS.unparse_flags()
+  assert exit_.value.code == 75
+  where = where.replace("DATA_DIR", str(tmp_path / "data"))
+  assert capsys.readouterr().err == (
+      f"error: no space left on the device while writing {where}; free space "
+      f"there (or point --config.data_dir at a disk with room) and run the "
+      f"same command again to resume.\n")
