@@ -318,3 +318,25 @@ def test_train_steps_sum_each_corpus_apart(mixed):
   for key, value in figures[0].items():
     if "/" in key:
       assert figures[1][key] == pytest.approx(value, rel=1e-5), key
+
+
+@pytest.mark.parametrize("second, needle", [
+    ("bertjax_local_txt text_files={files}",
+     r"^Unknown dataset 'bertjax_local_txt'; begin config\.mixture entry "
+     r"'bertjax_local_txt text_files=.*' with bertjax_python_docs, bertjax_local_text"),
+    ("bertjax_python_docs eval_split=nosuch",
+     r"no split 'nosuch'.*; set eval_split= in config\.mixture entry "
+     r"'bertjax_python_docs eval_split=nosuch' to one of them"),
+])
+def test_every_entry_is_checked_before_any_work(demo_config, tmp_path, second, needle):
+  """A bad later entry is refused naming the entry, before the first
+  corpus's text is built (nothing is made in the data_dir)."""
+  texts = tmp_path / "texts"
+  texts.mkdir()
+  corpus_files.write_topic_files(texts)
+  config = _config(demo_config, f"bertjax_local_text text_files={texts}/*.txt; "
+                   + second.format(files=f"{texts}/*.txt"), text_files="")
+  data_dir = tmp_path / "data"
+  with pytest.raises(ValueError, match=needle):
+    prepare.prepare(config, str(data_dir))
+  assert not data_dir.exists()

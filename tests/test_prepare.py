@@ -388,3 +388,15 @@ def test_a_data_dir_being_prepared_is_refused_to_a_second_prepare(
   assert prepare.prepare(config, data_dir).splits  # free again
   with workdir_lock.DataDirLock(demo_data.data_dir):
     assert prepare.prepare(demo_config, demo_data.data_dir) == demo_data
+
+
+def test_a_known_tfds_dataset_not_built_is_told_to_be_built(demo_config, tmp_path):
+  """wikipedia is in TFDS's catalog but not registered by `import
+  tensorflow_datasets`: it is named not prepared, with the tfds build fix."""
+  config = demo_config.copy_and_resolve_references()
+  config.dataset = "wikipedia/20230601.en"
+  with pytest.raises(ValueError, match=(
+      r"^TFDS dataset 'wikipedia/20230601\.en' is not prepared in .*; prepare it "
+      r"first \(tfds build wikipedia/20230601\.en --file_format=array_record\)")):
+    prepare.prepare(config, str(tmp_path / "data"))
+  assert not (tmp_path / "data").exists()

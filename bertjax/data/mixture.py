@@ -68,6 +68,8 @@ class Corpus:
   train_split: str
   eval_split: str
   share: float = 0.0  # of a pass's tokens; 0 where the entry gives a weight
+  # The entry as written, for messages.
+  entry: str = dataclasses.field(default="", compare=False)
 
   def text(self) -> str:
     """What decides the corpus's text."""
@@ -147,7 +149,7 @@ def _corpus(entry: str, config) -> Corpus:
                "add text_files=<comma-separated paths or globs> to the entry")
   return Corpus(dataset, _weight(entry, values["weight"]), values["text_feature"],
                 values["text_files"], values["train_split"], values["eval_split"],
-                share)
+                share, entry)
 
 
 def parse(config) -> list[Corpus]:

@@ -319,6 +319,11 @@ def check_inputs(config, data_dir: str | None = None, workdir: str | None = None
   inputs = [(c.dataset, c.text_files,
              mixture.text_dir(data_dir, c) if data_dir else None) for c in corpora] or [
       (config.dataset, config.get("text_files", ""), data_dir)]
+  if data_dir is not None:  # every dataset name, before any corpus is built
+    for c in corpora:
+      text_sources.check_dataset(mixture.corpus_config(config, c), data_dir, c.entry)
+    if not corpora:
+      text_sources.check_dataset(config, data_dir)
   for dataset, text_files, root in inputs:
     if dataset.partition("/")[0] == "bertjax_local_text":
       text_sources.local_text_files(dataset, text_files, root, outputs)

@@ -80,14 +80,18 @@ def _base_split(split: str) -> str:
   return re.match(r"[\w-]*", split).group(0)
 
 
-def _check_splits(dataset: str, available: Iterable[str], wanted: list[str]) -> None:
+def _check_splits(dataset: str, available: Iterable[str], wanted: list[str],
+                  entry: str = "") -> None:
+  """``entry``: the config.mixture entry the splits come from, if any."""
   available = sorted(available)
   for split in wanted:
     if _base_split(split) not in available:
       field = "train_split" if split == wanted[0] else "eval_split"
+      where = (f"{field}= in config.mixture entry {entry!r}" if entry
+               else f"--config.{field}")
       raise ValueError(
           f"Dataset {dataset!r} has no split {split!r} (it has {available}); set "
-          f"--config.{field} to one of them, or a slice such as 'train[:1%]'.")
+          f"{where} to one of them, or a slice such as 'train[:1%]'.")
 
 
 def _python_docs(data_dir: str) -> str:
@@ -320,16 +324,46 @@ def _public_data_dir(config, data_dir: str) -> str | None:
   return data_dir if os.path.isdir(os.path.join(data_dir, name)) else None
 
 
-def _public_builder(config, tfds_dir: str | None) -> Any:
+def _tfds_builder(name: str, tfds_dir: str | None) -> Any:
+  """``tfds.builder``, with TFDS's text catalog registered: ``import
+  tensorflow_datasets`` leaves some of its modules (wikipedia's) unimported,
+  and an unregistered dataset that is not prepared reads as unknown."""
+  try:
+    return tfds.builder(name, data_dir=tfds_dir)
+  except tfds.core.registered.DatasetNotFoundError:
+    import tensorflow_datasets.text  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  return tfds.builder(name, data_dir=tfds_dir)
+
+
+def check_dataset(config, data_dir: str, entry: str = "") -> None:
+  """Refuses, reading only, a ``config.dataset`` that is neither bertjax's
+  own nor a TFDS dataset prepared where prepare reads it, or a split it
+  lacks; ``entry``: the config.mixture entry that set them, if any."""
+  fix = f"begin config.mixture entry {entry!r} with" if entry else "set --config.dataset to"
+  name = config.dataset.partition("/")[0]
+  wanted = [config.train_split] + ([config.eval_split] if config.get("eval_split") else [])
+  if name in OWN_DATASETS:
+    if name == "bertjax_python_docs" and config.dataset.partition("/")[2]:
+      raise ValueError(
+          f"bertjax_python_docs has no config {config.dataset.partition('/')[2]!r}; "
+          f"{fix} bertjax_python_docs.")
+    _check_splits(config.dataset, ("train", "validation"), wanted, entry)
+    return
+  builder = _public_builder(config, _public_data_dir(config, data_dir), fix)
+  _check_splits(config.dataset, builder.info.splits, wanted, entry)
+
+
+def _public_builder(config, tfds_dir: str | None,
+                    fix: str = "set --config.dataset to") -> Any:
   """The prepared builder of a public TFDS dataset, or a ValueError with the fix."""
   name = config.dataset
   try:
-    builder = tfds.builder(name, data_dir=tfds_dir)
+    builder = _tfds_builder(name, tfds_dir)
   except tfds.core.registered.DatasetNotFoundError:
     raise ValueError(
-        f"Unknown dataset {name!r}; set --config.dataset to bertjax_python_docs, "
-        f"bertjax_local_text (with --config.text_files) or a TFDS text dataset "
-        f"such as wikipedia/20230601.en.") from None
+        f"Unknown dataset {name!r}; {fix} bertjax_python_docs, bertjax_local_text "
+        f"(with text_files) or the name of a TFDS text dataset (prepared with "
+        f"tfds build NAME --file_format=array_record).") from None
   except Exception as e:  # pylint: disable=broad-except
     raise ValueError(
         f"Cannot open TFDS dataset {name!r} ({e}); "
