@@ -34,6 +34,9 @@ def _config(demo_config, text, **overrides):
     ("weight=2 pg19", "does not start with a dataset name"),
     ("bertjax_local_text/paragraphs", "no text_files.*add text_files="),
     ("pg19; pg19 weight=2", "reads the same text as 'pg19'"),
+    ("pg19 weight=1 weight=3", "gives weight twice.*keep one weight="),
+    ("bertjax_local_text text_files=a.txt text_feature=body",
+     "sets text_feature on local text.*drop text_feature="),
     ("pg19 share=0", "share='0'.*positive part of a pass's tokens"),
     ("pg19 share=0.5 weight=2", "gives both a weight and a share.*keep one"),
     ("pg19 share=0.5; bertjax_python_docs", "'bertjax_python_docs' has no share while "
@@ -340,3 +343,17 @@ def test_every_entry_is_checked_before_any_work(demo_config, tmp_path, second, n
   with pytest.raises(ValueError, match=needle):
     prepare.prepare(config, str(data_dir))
   assert not data_dir.exists()
+
+
+def test_two_globs_of_the_same_files_are_refused(demo_config, tmp_path):
+  texts = tmp_path / "texts"
+  texts.mkdir()
+  corpus_files.write_topic_files(texts)
+  config = _config(demo_config, f"bertjax_local_text text_files={texts}/*.txt; "
+                   f"bertjax_local_text text_files={texts}/*.t*", text_files="")
+  with pytest.raises(ValueError, match=(
+      r"^config\.mixture entry 'bertjax_local_text text_files=.*\*\.t\*' reads the "
+      r"same files as 'bertjax_local_text text_files=.*\*\.txt' \(\d+ files\); list "
+      r"each corpus once")):
+    prepare.prepare(config, str(tmp_path / "data"))
+  assert not (tmp_path / "data").exists()

@@ -132,6 +132,9 @@ def _corpus(entry: str, config) -> Corpus:
     if not sep or name not in OPTIONS:
       raise _bad(entry, f"has the option {option!r}",
                  f"write options as key=value with key one of {', '.join(OPTIONS)}")
+    if name in given:
+      raise _bad(entry, f"gives {name} twice ({name}={values[name]} and {option})",
+                 f"keep one {name}=")
     values[name] = value
     given.add(name)
   share = 0.0
@@ -144,6 +147,9 @@ def _corpus(entry: str, config) -> Corpus:
                       "share=0.3 (shares are normalised to sum to 1)")
   if not values["train_split"]:
     raise _bad(entry, "has an empty train_split", "name the split to train on")
+  if dataset.partition("/")[0] == "bertjax_local_text" and "text_feature" in given:
+    raise _bad(entry, "sets text_feature on local text, which has none (its "
+               "documents are the files' text)", "drop text_feature= from the entry")
   if dataset.partition("/")[0] == "bertjax_local_text" and not values["text_files"]:
     raise _bad(entry, "reads local text but has no text_files",
                "add text_files=<comma-separated paths or globs> to the entry")

@@ -324,9 +324,20 @@ def check_inputs(config, data_dir: str | None = None, workdir: str | None = None
       text_sources.check_dataset(mixture.corpus_config(config, c), data_dir, c.entry)
     if not corpora:
       text_sources.check_dataset(config, data_dir)
-  for dataset, text_files, root in inputs:
+  read = {}  # what decides a local-text corpus, its files resolved -> its entry
+  for k, (dataset, text_files, root) in enumerate(inputs):
     if dataset.partition("/")[0] == "bertjax_local_text":
-      text_sources.local_text_files(dataset, text_files, root, outputs)
+      found = text_sources.local_text_files(dataset, text_files, root, outputs)
+      if corpora and found:
+        c = corpora[k]
+        same = (dataset, frozenset(paths.absolute(f) for f in found),
+                c.train_split, c.eval_split)
+        if same in read:
+          raise ValueError(
+              f"config.mixture entry {c.entry!r} reads the same files as "
+              f"{read[same]!r} ({len(found)} files); list each corpus once and "
+              f"give it a weight instead.")
+        read[same] = c.entry
 
 
 def _prepare_mirrored(config, data_dir: str, spans,
