@@ -249,9 +249,11 @@ def check(saved: Mapping[str, Any], config, where: str, *,
   changes = differences(saved, config)
   layout = [c for c in changes if c.kind == LAYOUT]
   if layout:
-    # Another variant's config (or an import's) has fields this one lacks,
-    # so flags cannot say it: name the config file instead.
-    other = any(c.field in _VARIANT_FIELDS or c.new is _ABSENT for c in layout)
+    # Another variant's config (or an import's): another model, fields this
+    # config lacks, or another objective among other changes; flags would not
+    # say it, so name the config file instead.
+    other = any(c.field in _VARIANT_FIELDS or c.new is _ABSENT for c in layout) or (
+        len(layout) > 1 and any(c.field == "objective" for c in layout))
     named = _config_file(saved) if other else None
     if named and evaluating:
       way_out = f"pass {named}, the config it was trained with, to evaluate it"
@@ -283,7 +285,7 @@ def check(saved: Mapping[str, Any], config, where: str, *,
 
 
 # Fields only a config file of another variant (or an import) changes.
-_VARIANT_FIELDS = ("model", "objective", "hf_model_type", "encoder")
+_VARIANT_FIELDS = ("model", "hf_model_type", "encoder")
 
 
 def _config_file(saved: Mapping[str, Any]) -> str | None:
