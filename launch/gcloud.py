@@ -21,15 +21,21 @@ READY = frozenset({"READY", "ACTIVE"})
 # resource whose TPUs were taken is SUSPENDED and must be requested again).
 LOST = frozenset({"PREEMPTED", "TERMINATED", "FAILED", "SUSPENDED"})
 
-# Each worker writes the exit status of its training process here, so that the
-# launcher can tell a preemption (75) from a failure whatever status gcloud
-# makes of several workers' exits.
+# Each worker writes the exit status of its training process here, with the
+# training's id ("75 <id>"), so that the launcher can tell a preemption (75)
+# from a failure whatever status gcloud makes of several workers' exits, and
+# a status an earlier run left from this run's outcome.
 STATUS_FILE = "~/bertjax-train.status"
 LOG_FILE = "~/bertjax-train.log"
 # The detached training's pid, and the commit and command it runs: a worker
 # script run again while they still train follows that training.
 PID_FILE = "~/bertjax-train.pid"
 CMD_FILE = "~/bertjax-train.cmd"
+# The runs (launcher attempts) that started the current training (the first
+# line, which is the training's id) or followed it, one a line.
+RUNS_FILE = "~/bertjax-train.runs"
+# The variable the launcher sets to the attempt's run id before the command.
+RUN_ENV = "BERTJAX_RUN"
 # The worker's index in the slice: GKE sets TPU_WORKER_ID; on a TPU VM the
 # metadata server knows it.
 _WORKER_ID = ("${TPU_WORKER_ID:-$(curl -sf -H Metadata-Flavor:Google "
@@ -111,43 +117,83 @@ def remote_script(repo: str, rev: str, train: list[str]) -> str:
   checkout or install leaves its status in the status file too. Worker 0
   streams the log; the others print its tail if they fail, so the launcher's
   terminal shows one log, not 16 interleaved ones.
+
+  The launcher's run id ($BERTJAX_RUN, ``with_run``) goes into
+  ~/bertjax-train.runs for the training the script starts or follows, and
+  the status names the training it belongs to, so that ``probe_command``
+  never passes off another run's status as this run's.
   """
   q = shlex.quote
   train_cmd = shlex.join(train)
-  run = q(f"{rev} {train_cmd}")  # what ~/bertjax-train.cmd records
-  alive = '[ -n "$pid" ] && kill -0 "$pid" 2>/dev/null'
+  cmd_line = q(f"{rev} {train_cmd}")  # what ~/bertjax-train.cmd records
+  # The current training (the first run in the runs file) has ended when
+  # the status names it; its pid may live on then (a zombie, or reused after
+  # a reboot) and is neither followed nor signalled.
+  read_status = (f"status=; ended=; read -r status ended 2>/dev/null < {STATUS_FILE}; "
+                 f"tid=$(head -n 1 {RUNS_FILE} 2>/dev/null)")
+  over = '[ -n "$status" ] && [ "$ended" = "$tid" ]'
+  alive = f'[ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && ! {{ {over}; }}'
   return "; ".join([
       "set -o pipefail",
       f"worker={_WORKER_ID}",
+      # Without the launcher (GKE, a command run by hand): an id of its own.
+      f"runid=${{{RUN_ENV}:-$(date +%s%N)}}",
       f"pid=$(cat {PID_FILE} 2>/dev/null)",
-      f'if {alive} && [ "$(cat {CMD_FILE} 2>/dev/null)" = {run} ]; then '
+      read_status,
+      f'if {alive} && [ "$(cat {CMD_FILE} 2>/dev/null)" = {cmd_line} ]; then '
       '[ "$worker" = 0 ] && echo "launch: following the training that is still '
       'running on the slice (last 20 lines of its log first)"; lines=20; '
+      f'grep -qxF -- "$runid" {RUNS_FILE} 2>/dev/null || echo "$runid" >> {RUNS_FILE}; '
       f"else if {alive}; then "
       '[ "$worker" = 0 ] && echo "launch: stopping the training of another commit '
       'or command that is still running (SIGTERM: it saves a checkpoint)"; '
       'pkill -TERM -P "$pid"; while kill -0 "$pid" 2>/dev/null; do sleep 1; done; fi',
-      f"rm -f {STATUS_FILE} {PID_FILE} {CMD_FILE}",
+      # The old status goes before this run is recorded as the training's.
+      f"rm -f {STATUS_FILE} {PID_FILE} {CMD_FILE} {RUNS_FILE}",
+      f'echo "$runid" > {RUNS_FILE}; tid=$runid',
       "{ if [ -d ~/bertjax/.git ]; then cd ~/bertjax && "
       f"git remote set-url origin {q(repo)} && git fetch -q origin; "
       f"else git clone -q {q(repo)} ~/bertjax && cd ~/bertjax; fi && "
       f"git checkout -q --detach {q(rev)} && "
       'python3 -m pip install -q ".[tpu]"; } || '
-      f"{{ status=$?; echo $status > {STATUS_FILE}; exit $status; }}",
-      f"echo {run} > {CMD_FILE}",
+      f'{{ status=$?; echo "$status $runid" > {STATUS_FILE}; exit $status; }}',
+      f"echo {cmd_line} > {CMD_FILE}",
       f": > {LOG_FILE}",
-      f"( trap '' HUP; {train_cmd} >> {LOG_FILE} 2>&1; echo $? > {STATUS_FILE}.tmp; "
-      f"mv {STATUS_FILE}.tmp {STATUS_FILE} ) < /dev/null > /dev/null 2>&1 & "
-      f"pid=$!; echo $pid > {PID_FILE}; lines=+1; fi",
+      f"( trap '' HUP; {train_cmd} >> {LOG_FILE} 2>&1; echo \"$? $runid\" > "
+      f"{STATUS_FILE}.tmp; mv {STATUS_FILE}.tmp {STATUS_FILE} ) < /dev/null > /dev/null "
+      f"2>&1 & pid=$!; echo $pid > {PID_FILE}; lines=+1; fi",
       f'[ "$worker" = 0 ] && tail -n $lines -f --pid="$pid" {LOG_FILE}',
       'while kill -0 "$pid" 2>/dev/null; do sleep 1; done',
-      f"status=$(cat {STATUS_FILE} 2>/dev/null)",
-      '[ -n "$status" ] || { echo "launch: the training on worker $worker ended '
-      f'without writing {STATUS_FILE} (killed?); see {LOG_FILE}"; status=1; '
-      f"echo 1 > {STATUS_FILE}; }}",
+      f'status=; ended=; read -r status ended 2>/dev/null < {STATUS_FILE}',
+      '[ -n "$status" ] && [ "$ended" = "$tid" ] || { echo "launch: the training on '
+      f'worker $worker ended without writing {STATUS_FILE} (killed?); see {LOG_FILE}"; '
+      f'status=1; [ -e {STATUS_FILE} ] || echo "1 $tid" > {STATUS_FILE}; }}',
       f'[ "$worker" = 0 ] || [ "$status" = 0 ] || tail -n 20 {LOG_FILE}',
       "exit $status",
   ])
+
+
+def with_run(command: str, run: str) -> str:
+  """``command`` (run by the worker's shell) with the attempt's run id set."""
+  return f"{RUN_ENV}={shlex.quote(run)} {command}"
+
+
+def probe_command(run: str) -> str:
+  """Prints worker 0's outcome of the training run ``run`` started or
+  followed: its exit status, 'running', or 'none' when the worker holds no
+  trace of it (the script never reached the worker, or another run's
+  training has replaced it): a status file alone may be another run's."""
+  script = "; ".join([
+      # The status first: a training started after it was read has another id.
+      f"status=; ended=; read -r status ended 2>/dev/null < {STATUS_FILE}",
+      f"tid=$(head -n 1 {RUNS_FILE} 2>/dev/null)",
+      f'if [ -z "$tid" ] || ! grep -qxF -- {shlex.quote(run)} {RUNS_FILE} 2>/dev/null; '
+      "then echo none",
+      'elif [ -n "$status" ] && [ "$ended" = "$tid" ]; then echo "$status"',
+      f'elif kill -0 "$(cat {PID_FILE} 2>/dev/null)" 2>/dev/null; then echo running',
+      "else echo none; fi",
+  ])
+  return shlex.join(["bash", "-c", script])
 
 
 def remote_command(repo: str, rev: str, train: list[str]) -> str:

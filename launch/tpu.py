@@ -22,7 +22,9 @@ From the repository's root (``launch/`` is not part of the installed package):
    READY slice is no failure: the workers train detached from it, and the
    launcher reconnects to follow the training to its status;
 4. with ``--delete_at_end``, deletes the slice however the run ended, unless
-   its training's outcome is unknown (worker 0 unreachable).
+   its training's outcome is unknown (worker 0 unreachable, or holding no
+   status or live training of this run: a status an earlier run left does
+   not count).
 
 ``--dry_run`` prints every command instead of running it. ``--gke_manifest``
 prints a GKE JobSet manifest running the same command (``launch/gke.py``).
@@ -35,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import secrets
 import shlex
 import shutil
 import subprocess
@@ -167,11 +170,11 @@ SSH_FAILED = 255  # what gcloud's ssh exits with when the connection fails
 MAX_RECONNECTS = 10
 
 
-def outcome(target: gcloud.Target, runner: Runner, returncode: int) -> str:
+def outcome(target: gcloud.Target, runner: Runner, returncode: int, run: str) -> str:
   """What the training ssh's exit status means: 'done', 'preempted', 'failed',
   or, when it says nothing about the training, 'running' (worker 0 still
   trains) or 'unknown' (worker 0 cannot be reached, or has neither a status
-  nor a live training).
+  nor a live training of the attempt ``run``).
 
   The workers train detached from the ssh session (``gcloud.remote_script``),
   so a dropped session (gcloud's 255) does not end the training.
@@ -182,10 +185,10 @@ def outcome(target: gcloud.Target, runner: Runner, returncode: int) -> str:
     return "preempted"
   if state(target, runner) not in gcloud.READY:
     return "preempted"  # the slice went away under the run
-  # gcloud may not pass a worker's 75 through; worker 0 wrote its own status.
-  probe = (f"cat {gcloud.STATUS_FILE} 2>/dev/null || {{ kill -0 "
-           f"\"$(cat {gcloud.PID_FILE} 2>/dev/null)\" 2>/dev/null && echo running; }} "
-           "|| echo none")
+  # gcloud may not pass a worker's 75 through; worker 0 wrote its own status,
+  # which counts only if it names this attempt's training: the ssh may have
+  # failed before the script reached the worker, leaving an earlier run's.
+  probe = gcloud.probe_command(run)
   status = runner.run(gcloud.ssh_argv(target, probe, worker="0"), capture=True)
   written = status.stdout.strip()
   if status.returncode != 0 or not written.isdigit():
@@ -204,12 +207,17 @@ def launch(target: gcloud.Target, command: str, runner: Runner, *, max_restarts:
   failure's status (the ssh's when the training's outcome stays unknown)."""
   restarts = misses = 0
   unknown = False  # the slice may still be training: never delete it then
+  # Each attempt (this invocation's first training, each restart) has its own
+  # run id; a reconnect keeps it, so it follows or reports that training.
+  nonce = secrets.token_hex(6)
   try:
     while True:
       ensure_ready(target, runner, poll_seconds=poll_seconds,
                    timeout_seconds=timeout_seconds)
-      returncode = runner.run(gcloud.ssh_argv(target, command)).returncode
-      result = outcome(target, runner, returncode)
+      run = f"{nonce}.{restarts}"
+      returncode = runner.run(
+          gcloud.ssh_argv(target, gcloud.with_run(command, run))).returncode
+      result = outcome(target, runner, returncode, run)
       if result == "done":
         _log("training finished.")
         return 0
@@ -254,7 +262,8 @@ def dry_run(target: gcloud.Target, command: str, *, delete_at_end: bool,
   out(f"# poll until it prints {ready}")
   out(shlex.join(gcloud.describe_argv(target)))
   out("# train on every worker; after exit 75 (preempted) wait for the slice and run "
-      "again, after a dropped session run again to follow the training")
+      "again, after a dropped session run again to follow the training (the launcher "
+      f"sets {gcloud.RUN_ENV} to each attempt's run id before the command)")
   out(shlex.join(gcloud.ssh_argv(target, command)))
   if delete_at_end:
     out("# delete the slice")

@@ -327,8 +327,11 @@ def test_spot_slice_is_recreated_and_training_rerun_after_exit_75():
   assert runner.verbs() == ["describe", "create", "describe", "ssh:all",
                             "describe", "delete", "describe", "create", "describe",
                             "ssh:all"]
-  trainings = [c for c in runner.calls if "--worker=all" in c]
-  assert trainings[0] == trainings[1] and _flag(trainings[0], "--command") == "CMD"
+  # The same command, with a run id per attempt (the restart is a new training).
+  runs = [_flag(c, "--command").split() for c in runner.calls if "--worker=all" in c]
+  assert [r[1:] for r in runs] == [["CMD"], ["CMD"]]
+  first, second = (r[0].removeprefix(f"{gcloud.RUN_ENV}=") for r in runs)
+  assert first.endswith(".0") and second == first[:-2] + ".1"
   assert all("--spot" in c for c in runner.calls if "create" in c)
 
 
@@ -480,7 +483,7 @@ def test_worker_script_checks_out_the_commit_and_reports_the_status(tmp_path):
   first = run("0", 75, script)
   assert first.returncode == 75, first.stderr
   assert expected in first.stdout  # worker 0 streams its output
-  assert (home / "bertjax-train.status").read_text().strip() == "75"
+  assert (home / "bertjax-train.status").read_text().split()[0] == "75"
   assert expected in (home / "bertjax-train.log").read_text()
   # A later commit, on another worker: the clone exists now, so it is fetched
   # and checked out; this worker's output goes to its log, not to the stream.
@@ -491,7 +494,7 @@ def test_worker_script_checks_out_the_commit_and_reports_the_status(tmp_path):
   second = run("1", 0, gcloud.remote_script(str(origin), rev2, train))
   assert second.returncode == 0, second.stderr
   assert "train at" not in second.stdout
-  assert (home / "bertjax-train.status").read_text().strip() == "0"
+  assert (home / "bertjax-train.status").read_text().split()[0] == "0"
   assert f"train at {rev2}: " in (home / "bertjax-train.log").read_text()
 
 
@@ -530,7 +533,7 @@ def test_training_outlives_a_dropped_session_and_a_rerun_follows_it(tmp_path):
   assert again.returncode == 75, again.stderr
   assert "launch: following the training" in again.stdout and "train ended" in again.stdout
   assert log.read_text().count("train started") == 1  # one training, not two
-  assert (home / "bertjax-train.status").read_text().strip() == "75"
+  assert (home / "bertjax-train.status").read_text().split()[0] == "75"
 
 
 def test_importing_the_launcher_defines_no_global_flags():
