@@ -121,7 +121,9 @@ def remote_script(repo: str, rev: str, train: list[str]) -> str:
   The launcher's run id ($BERTJAX_RUN, ``with_run``) goes into
   ~/bertjax-train.runs for the training the script starts or follows, and
   the status names the training it belongs to, so that ``probe_command``
-  never passes off another run's status as this run's.
+  never passes off another run's status as this run's. Run again with the id
+  of a training that has ended (a reconnect after it ended), the script
+  reports its status instead of training again.
   """
   q = shlex.quote
   train_cmd = shlex.join(train)
@@ -140,7 +142,12 @@ def remote_script(repo: str, rev: str, train: list[str]) -> str:
       f"runid=${{{RUN_ENV}:-$(date +%s%N)}}",
       f"pid=$(cat {PID_FILE} 2>/dev/null)",
       read_status,
-      f'if {alive} && [ "$(cat {CMD_FILE} 2>/dev/null)" = {cmd_line} ]; then '
+      # A reconnect after this run's training ended: its status is the
+      # outcome; training again would re-run a failed (or finished) training.
+      f'if {over} && grep -qxF -- "$runid" {RUNS_FILE} 2>/dev/null; then '
+      '[ "$worker" = 0 ] && echo "launch: the training ended (status $status) while '
+      'the launcher was away; reporting it (last 20 lines of its log)"; pid=; lines=20; '
+      f'elif {alive} && [ "$(cat {CMD_FILE} 2>/dev/null)" = {cmd_line} ]; then '
       '[ "$worker" = 0 ] && echo "launch: following the training that is still '
       'running on the slice (last 20 lines of its log first)"; lines=20; '
       f'grep -qxF -- "$runid" {RUNS_FILE} 2>/dev/null || echo "$runid" >> {RUNS_FILE}; '
@@ -162,8 +169,9 @@ def remote_script(repo: str, rev: str, train: list[str]) -> str:
       f"( trap '' HUP; {train_cmd} >> {LOG_FILE} 2>&1; echo \"$? $runid\" > "
       f"{STATUS_FILE}.tmp; mv {STATUS_FILE}.tmp {STATUS_FILE} ) < /dev/null > /dev/null "
       f"2>&1 & pid=$!; echo $pid > {PID_FILE}; lines=+1; fi",
-      f'[ "$worker" = 0 ] && tail -n $lines -f --pid="$pid" {LOG_FILE}',
-      'while kill -0 "$pid" 2>/dev/null; do sleep 1; done',
+      f'if [ "$worker" = 0 ]; then if [ -n "$pid" ]; then tail -n $lines -f '
+      f'--pid="$pid" {LOG_FILE}; else tail -n $lines {LOG_FILE}; fi; fi',
+      '[ -z "$pid" ] || while kill -0 "$pid" 2>/dev/null; do sleep 1; done',
       f'status=; ended=; read -r status ended 2>/dev/null < {STATUS_FILE}',
       '[ -n "$status" ] && [ "$ended" = "$tid" ] || { echo "launch: the training on '
       f'worker $worker ended without writing {STATUS_FILE} (killed?); see {LOG_FILE}"; '

@@ -91,6 +91,13 @@ class Worker:
     else:
       path.write_text(text)
 
+  def wait_ended(self):
+    """Until the training has written its status and its process is gone
+    (reaped: here a zombie can linger until PID 1 reaps it)."""
+    _until(lambda: self.status() is not None, "the training's status")
+    pid = (self.home / "bertjax-train.pid").read_text().split()[0]
+    _until(lambda: not os.path.exists(f"/proc/{pid}"), "the training's process to go")
+
   def runs(self):
     path = self.home / "bertjax-train.runs"
     return path.read_text().split() if path.exists() else []
@@ -225,3 +232,41 @@ def test_the_status_names_the_training_and_the_runs_that_followed_it(worker):
   assert (worker.home / "bertjax-train.status").read_text() == "3 a.0\n"
   for run, printed in [("a.0", "3"), ("b.0", "3"), ("c.0", "none")]:
     assert worker.run(gcloud.probe_command(run)).stdout == printed + "\n"
+
+
+def test_a_training_that_ends_while_the_launcher_reconnects_is_not_run_again(worker):
+  # The session drops while the training runs; it fails before the launcher
+  # reconnects. The reconnect reports that failure; it started the training
+  # again (which failed again, or ran a failed configuration twice).
+  worker.set("hold", "")
+  worker.set("exit", "1")
+
+  def finish():
+    worker.set("hold")
+    worker.wait_ended()
+
+  runner = WorkerRunner(worker, drop_first=True, on_sleep=finish)
+  rc = tpu.launch(TARGET, worker.command(), runner, max_restarts=3, delete_at_end=True)
+  assert rc == 1
+  assert worker.trainings() == 1
+  assert runner.verbs() == ["describe", "ssh:all", "describe", "ssh:0", "describe",
+                            "ssh:all", "describe", "ssh:0", "delete"]
+
+
+def test_a_preemption_on_a_slice_that_stays_up_trains_again(worker):
+  # Status 75 with the slice still READY (e.g. maintenance): the restart is a
+  # new training, not a report of the preempted one.
+  worker.set("exit", str(tpu.EXIT_PREEMPTED))
+  runner = WorkerRunner(worker)
+  original = runner.run
+
+  def run(argv, capture=False):
+    result = original(argv, capture)
+    if "--worker=all" in argv:
+      worker.set("exit")  # the restart finishes
+    return result
+
+  runner.run = run
+  assert tpu.launch(TARGET, worker.command(), runner, max_restarts=1,
+                    delete_at_end=False) == 0
+  assert worker.trainings() == 2 and worker.status() == "0"
