@@ -1,5 +1,6 @@
-"""The launcher's status protocol against a real worker script: an outcome
-counts only when this run's training wrote it.
+"""The worker script and the launcher's status protocol, run by bash: the
+training outlives a dropped session, and an outcome counts only when this
+run's training wrote it.
 
 Worker 0 of a one-host slice is a directory (its HOME) where a fake gcloud
 runs the ssh commands with bash; its python3 is a stand-in whose "training"
@@ -17,6 +18,7 @@ import pytest
 from launch import gcloud
 from launch import tpu
 
+WORKDIR = "gs://my-bucket/bert large"  # the space checks the quoting end to end
 TARGET = gcloud.Target(name="pod-a", zone="z", project="", accelerator_type="v5p-8",
                        runtime_version="v2-alpha-tpuv5")
 
@@ -270,3 +272,85 @@ def test_a_preemption_on_a_slice_that_stays_up_trains_again(worker):
   assert tpu.launch(TARGET, worker.command(), runner, max_restarts=1,
                     delete_at_end=False) == 0
   assert worker.trainings() == 2 and worker.status() == "0"
+
+
+def test_worker_script_checks_out_the_commit_and_reports_the_status(tmp_path):
+  """The worker script itself, run by bash against a local repository and a
+  stand-in python3 (pip succeeds; 'training' prints its commit and argv)."""
+  origin, home, bin_dir = tmp_path / "origin", tmp_path / "home", tmp_path / "bin"
+  home.mkdir()
+  bin_dir.mkdir()
+  _git(tmp_path, "init", "-q", str(origin))
+  (origin / "f.txt").write_text("1")
+  _git(origin, "add", "f.txt")
+  _git(origin, "commit", "-qm", "one")
+  rev = subprocess.run(["git", "-C", str(origin), "rev-parse", "HEAD"],
+                       capture_output=True, text=True, check=True).stdout.strip()
+  python3 = bin_dir / "python3"
+  python3.write_text('#!/bin/bash\n[ "$1 $2" = "-m pip" ] && exit 0\n'
+                     'echo "train at $(git rev-parse HEAD): $*"; exit ${FAKE_EXIT:-0}\n')
+  python3.chmod(0o755)
+  train = gcloud.train_argv("configs/bert.py:large", WORKDIR, ["--config.seed=3"])
+  script = gcloud.remote_script(str(origin), rev, train)
+
+  def run(worker, fake_exit, script):
+    env = {"HOME": str(home), "PATH": f"{bin_dir}:{os.environ['PATH']}",
+           "TPU_WORKER_ID": worker, "FAKE_EXIT": str(fake_exit)}
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True,
+                          env=env, timeout=60)
+
+  expected = f"train at {rev}: {' '.join(train[1:])}"
+  first = run("0", 75, script)
+  assert first.returncode == 75, first.stderr
+  assert expected in first.stdout  # worker 0 streams its output
+  assert (home / "bertjax-train.status").read_text().split()[0] == "75"
+  assert expected in (home / "bertjax-train.log").read_text()
+  # A later commit, on another worker: the clone exists now, so it is fetched
+  # and checked out; this worker's output goes to its log, not to the stream.
+  (origin / "f.txt").write_text("2")
+  _git(origin, "commit", "-qam", "two")
+  rev2 = subprocess.run(["git", "-C", str(origin), "rev-parse", "HEAD"],
+                        capture_output=True, text=True, check=True).stdout.strip()
+  second = run("1", 0, gcloud.remote_script(str(origin), rev2, train))
+  assert second.returncode == 0, second.stderr
+  assert "train at" not in second.stdout
+  assert (home / "bertjax-train.status").read_text().split()[0] == "0"
+  assert f"train at {rev2}: " in (home / "bertjax-train.log").read_text()
+
+
+def test_training_outlives_a_dropped_session_and_a_rerun_follows_it(tmp_path):
+  """The worker script trains detached: killing its session (a dropped ssh)
+  leaves the training running, and the same script run again follows that
+  training to its status instead of starting a second one."""
+  origin, home, bin_dir = tmp_path / "origin", tmp_path / "home", tmp_path / "bin"
+  home.mkdir()
+  bin_dir.mkdir()
+  _git(tmp_path, "init", "-q", str(origin))
+  (origin / "f.txt").write_text("1")
+  _git(origin, "add", "f.txt")
+  _git(origin, "commit", "-qm", "one")
+  rev = subprocess.run(["git", "-C", str(origin), "rev-parse", "HEAD"],
+                       capture_output=True, text=True, check=True).stdout.strip()
+  python3 = bin_dir / "python3"
+  python3.write_text('#!/bin/bash\n[ "$1 $2" = "-m pip" ] && exit 0\n'
+                     'echo "train started"; sleep 3; echo "train ended"; exit 75\n')
+  python3.chmod(0o755)
+  script = gcloud.remote_script(str(origin), rev, gcloud.train_argv("c.py", "gs://b", []))
+  env = {"HOME": str(home), "PATH": f"{bin_dir}:{os.environ['PATH']}",
+         "TPU_WORKER_ID": "0"}
+  session = subprocess.Popen(["bash", "-c", script], env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+  log = home / "bertjax-train.log"
+  for _ in range(100):
+    if log.exists() and "train started" in log.read_text():
+      break
+    time.sleep(0.05)
+  session.send_signal(signal.SIGHUP)  # the ssh connection drops
+  session.wait(timeout=10)
+  assert not (home / "bertjax-train.status").exists()  # still training
+  again = subprocess.run(["bash", "-c", script], env=env, capture_output=True,
+                         text=True, timeout=30)
+  assert again.returncode == 75, again.stderr
+  assert "launch: following the training" in again.stdout and "train ended" in again.stdout
+  assert log.read_text().count("train started") == 1  # one training, not two
+  assert (home / "bertjax-train.status").read_text().split()[0] == "75"
