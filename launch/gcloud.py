@@ -158,6 +158,8 @@ def remote_script(repo: str, rev: str, train: list[str]) -> str:
       # The old status goes before this run is recorded as the training's.
       f"rm -f {STATUS_FILE} {PID_FILE} {CMD_FILE} {RUNS_FILE}",
       f'echo "$runid" > {RUNS_FILE}; tid=$runid',
+      # The log is the current training's from here, even if the install fails.
+      f": > {LOG_FILE}",
       "{ if [ -d ~/bertjax/.git ]; then cd ~/bertjax && "
       f"git remote set-url origin {q(repo)} && git fetch -q origin; "
       f"else git clone -q {q(repo)} ~/bertjax && cd ~/bertjax; fi && "
@@ -165,7 +167,6 @@ def remote_script(repo: str, rev: str, train: list[str]) -> str:
       'python3 -m pip install -q ".[tpu]"; } || '
       f'{{ status=$?; echo "$status $runid" > {STATUS_FILE}; exit $status; }}',
       f"echo {cmd_line} > {CMD_FILE}",
-      f": > {LOG_FILE}",
       f"( trap '' HUP; {train_cmd} >> {LOG_FILE} 2>&1; echo \"$? $runid\" > "
       f"{STATUS_FILE}.tmp; mv {STATUS_FILE}.tmp {STATUS_FILE} ) < /dev/null > /dev/null "
       f"2>&1 & pid=$!; echo $pid > {PID_FILE}; lines=+1; fi",

@@ -5,7 +5,7 @@ run's training wrote it.
 Worker 0 of a one-host slice is a directory (its HOME) where a fake gcloud
 runs the ssh commands with bash; its python3 is a stand-in whose "training"
 records itself and exits with the status in ~/exit (0 without it), waiting
-first while ~/hold exists."""
+first while ~/hold exists; its pip exits with the status in ~/pip-exit."""
 
 import os
 import signal
@@ -56,8 +56,8 @@ class Worker:
                               capture_output=True, text=True, check=True).stdout.strip()
     python3 = bin_dir / "python3"
     python3.write_text(
-        '#!/bin/bash\n[ "$1 $2" = "-m pip" ] && exit 0\n'
-        'echo "train $*" >> ~/trainings\n'
+        '#!/bin/bash\n[ "$1 $2" = "-m pip" ] && exit "$(cat ~/pip-exit 2>/dev/null || echo 0)"\n'
+        'echo "train $*" >> ~/trainings; echo "stand-in training"\n'
         'while [ -e ~/hold ]; do sleep 0.02; done\n'
         'exit "$(cat ~/exit 2>/dev/null || echo 0)"\n')
     python3.chmod(0o755)
@@ -272,6 +272,19 @@ def test_a_preemption_on_a_slice_that_stays_up_trains_again(worker):
   assert tpu.launch(TARGET, worker.command(), runner, max_restarts=1,
                     delete_at_end=False) == 0
   assert worker.trainings() == 2 and worker.status() == "0"
+
+
+def test_a_reported_install_failure_shows_no_earlier_trainings_log(worker):
+  # An earlier training wrote its log; this run's install fails, and its
+  # session drops before the launcher hears: the reconnect reports the
+  # failure with the log's tail, which was the earlier training's.
+  assert worker.run(gcloud.with_run(worker.command(), "a.0")).returncode == 0
+  worker.set("pip-exit", "7")
+  command = gcloud.with_run(worker.command(), "b.0")
+  assert worker.run(command).returncode == 7
+  again = worker.run(command)
+  assert again.returncode == 7 and "ended (status 7)" in again.stdout
+  assert "stand-in training" not in again.stdout and worker.trainings() == 1
 
 
 def test_worker_script_checks_out_the_commit_and_reports_the_status(tmp_path):
