@@ -186,12 +186,14 @@ def _main(argv):
           + ("" if unknown is None else f", {100 * unknown:.2f}% [UNK]"))
   if mixed:
     train_tokens = max(prepared.num_tokens.get(config.train_split, 0), 1)
-    for corpus, part, count, weight in zip(prepared.corpora, prepared.parts,
-                                           prepared.train_counts(), prepared.weights()):
+    for label, corpus, part, count, weight in zip(
+        prepared.labels(), prepared.corpora, prepared.parts, prepared.train_counts(),
+        prepared.weights()):
       # Tokens at the corpus's mean document length (exact for whole copies).
       docs = part.splits[corpus.train_split]
       tokens = count / max(docs, 1) * part.num_tokens.get(corpus.train_split, 0)
-      print(f"    {corpus.dataset} x{weight:.3g}: {count} documents a pass from its "
+      # Named as the metrics name it (<label>/mlm_loss), with its dataset.
+      print(f"    {label} ({corpus.dataset}) x{weight:.3g}: {count} documents a pass from its "
             f"{docs} in {corpus.train_split}, ~{100 * tokens / train_tokens:.1f}% of "
             f"the pass's tokens")
 

@@ -3,6 +3,7 @@
 import collections
 import dataclasses
 import os
+import types
 
 import numpy as np
 import pytest
@@ -84,6 +85,39 @@ def test_two_local_texts_are_told_apart_in_the_logs(demo_config):
   text = mixture.describe(mixture.parse(config))
   assert text == ("bertjax_local_text['notes/*.txt'] x1 + "
                   "bertjax_local_text/paragraphs['mail/*.txt'] x2 + pg19 x1"), text
+
+
+def _stub_part():
+  return types.SimpleNamespace(
+      tokenizer_path="t.model", vocab_size=400, fingerprint="f", tokenized_dir="d",
+      splits={"train": 4, "validation": 2}, num_tokens={}, unk_rate={},
+      source=lambda split: split)
+
+
+def test_local_texts_get_readable_metric_names_and_keep_their_shards(demo_config):
+  # Local text used to be named 'bertjax_local_text_<hash>' in the metrics.
+  config = _config(demo_config, "bertjax_local_text/paragraphs text_files=corpora/legal/*.txt;"
+                   " bertjax_local_text text_files=~/notes.txt,mail/**/*.eml eval_split=;"
+                   " bertjax_local_text text_files=gs://b/a/legal/part-*.txt; pg19;"
+                   " bertjax_local_text text_files=*.txt", text_files="",
+                   train_split="train", eval_split="validation")
+  corpora = mixture.parse(config)
+  data = mixture.MixedData(corpora, [_stub_part() for _ in corpora], train_split="train",
+                           eval_split="validation", data_dir="")
+  # The file or directory name; a digest only where two collide; the
+  # dataset where the files have no name. Fixed by the config alone (resume).
+  assert data.labels() == ["legal_561b2216", "notes_mail", "legal_2afb67ba", "pg19",
+                           "bertjax_local_text"]
+  # Evaluation names each corpus that has an eval split the same way.
+  assert [label for label, _ in data.eval_sources("validation")] == (
+      data.labels()[:1] + data.labels()[2:])
+  # The prepared data's names are not touched: existing data_dirs are reused.
+  assert [mixture.shards_name(config, c).partition("__")[2] for c in corpora] == [
+      "bertjax_local_text_paragraphs_561b2216", "bertjax_local_text_4abaece1",
+      "bertjax_local_text_2afb67ba", "pg19_30e44639", "bertjax_local_text_5ec6c1f5"]
+  assert [c.text_key() for c in corpora] == [
+      "bertjax_local_text_paragraphs_d6b6213b", "bertjax_local_text_6e25d7d7",
+      "bertjax_local_text_558c3f76", "pg19_6f365d96", "bertjax_local_text_fed1ccd3"]
 
 
 @pytest.mark.parametrize("shares,tokens", [((7, 3), (1000, 50_000)), ((0.2, 0.5, 0.3),

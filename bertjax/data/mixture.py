@@ -36,7 +36,8 @@ training sentences together (the weights do not enter it, so re-weighting a
 mixture reuses its tokenizer and shards). Evaluation scores every corpus's
 ``eval_split`` as a pass of its own (``MixedData.eval_sources``; a corpus
 with ``eval_split=`` empty has none), and reports the figures of all of them
-and of each. Each corpus is tokenized into its own shards
+and of each, under the corpus's ``labels`` name (its dataset; local text's
+the name of its files). Each corpus is tokenized into its own shards
 (``bertjax_tokenized/<mixture>__<corpus>``); ``MixedData`` puts them together
 behind the interface of ``prepare.PreparedData``, so training, evaluation,
 resume and the checkpoints' tokenizer check see one corpus.
@@ -47,6 +48,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import os
+import re
 from typing import Any, Sequence
 
 import numpy as np
@@ -89,6 +92,48 @@ class Corpus:
 
   def is_local_text(self) -> bool:
     return self.dataset.partition("/")[0] == "bertjax_local_text"
+
+
+_GLOB = re.compile(r"[*?[]")
+
+
+def _path_name(path: str) -> str:
+  """A readable key of one text_files path: the file's stem, or the nearest
+  directory above its glob ('corpora/legal/*.txt' -> 'legal'); '' if none."""
+  parts = [p for p in re.split(r"[/\\]+", path.strip())
+           if p not in ("", ".", "..", "~") and not p.endswith(":")]  # gs:, C:
+  for i in reversed(range(len(parts))):
+    if _GLOB.search(parts[i]):
+      continue
+    key = builders.source_key(os.path.splitext(parts[i])[0] if i == len(parts) - 1
+                              else parts[i])
+    if key:
+      return key
+  return ""
+
+
+def _base_label(corpus: Corpus) -> str:
+  """A corpus's metric name before disambiguation: local text is named by its
+  files (the dataset name alone says nothing of which), the rest by dataset."""
+  if corpus.is_local_text():
+    names = list(dict.fromkeys(n for n in map(_path_name, corpus.text_files.split(","))
+                               if n))
+    if names:
+      more = f"_and_{len(names) - 2}_more" if len(names) > 2 else ""
+      return "_".join(names[:2]) + more
+  return builders.source_key(corpus.dataset)
+
+
+def labels(corpora: Sequence[Corpus]) -> list[str]:
+  """Each corpus's name in the metrics (``<label>/mlm_loss``): readable
+  (``pg19``, ``legal`` for ``text_files=corpora/legal/*.txt``), and suffixed
+  with the digest of ``key`` only where two would be the same. Made from the
+  mixture's text alone, so a resumed run writes the same names; not part of
+  ``key`` or ``identity``, so prepared shards are found as before."""
+  names = [_base_label(c) for c in corpora]
+  return [name if names.count(name) == 1 else
+          f"{name}_{hashlib.sha256(c.identity().encode()).hexdigest()[:8]}"
+          for name, c in zip(names, corpora)]
 
 
 def _keyed(dataset: str, identity: str) -> str:
@@ -376,22 +421,15 @@ class MixedData:
 
   def eval_sources(self, split: str) -> list[tuple[str, Any]]:
     """(label, eval split) of each corpus that has one, for per-corpus
-    figures (``split``: the config's eval_split): the label is the corpus's
-    dataset as a key (``pg19``, ``wikipedia_20230601_en``), or its full key
-    where two share a dataset."""
+    figures (``split``: the config's eval_split), labelled as ``labels``."""
     if split != self._eval or split not in self.splits:
       raise self._unprepared(split)
-    parts = self._eval_parts()
-    names = [builders.source_key(k.dataset) for k, _ in parts]
-    return [(name if names.count(name) == 1 else k.key(), p.source(k.eval_split))
-            for name, (k, p) in zip(names, parts)]
+    return [(label, p.source(k.eval_split))
+            for label, k, p in zip(self.labels(), self.corpora, self.parts) if k.eval_split]
 
   def labels(self) -> list[str]:
-    """A label per corpus, as ``eval_sources`` names them: the dataset as a
-    key, or the corpus's full key where two share a dataset."""
-    names = [builders.source_key(k.dataset) for k in self.corpora]
-    return [name if names.count(name) == 1 else k.key()
-            for name, k in zip(names, self.corpora)]
+    """A label per corpus (``labels``), the same in training and evaluation."""
+    return labels(self.corpora)
 
   def tokenizer(self):
     return self.parts[0].tokenizer()
