@@ -11,10 +11,13 @@ import time
 
 import numpy as np
 import pytest
+import tensorflow_datasets as tfds
 
 import corpus_files
 
+from bertjax.data import builders
 from bertjax.data import prepare
+from bertjax.data import shards
 from bertjax.data import staged
 from bertjax.data import units
 
@@ -128,6 +131,27 @@ def test_kill_9_then_rerun_gives_the_same_bytes(reference, corpus, tmp_path):
   match = re.search(r"(\d+) units, (\d+) to do", rerun.stderr.split("Tokenizing")[-1])
   assert match and int(match.group(2)) < int(match.group(1))
   assert _published(str(workdir / "data")) == want
+
+
+def test_an_empty_split_of_a_unit_stages_no_file(tmp_path):
+  # Riegeli pads even an empty file to 128 KiB: a unit whose validation
+  # split was empty used to stage one.
+  serialize = staged.Serializer(builders.text_features())
+  doc = lambda i: serialize({"id": f"d{i}", "sentences": [f"Sentence {i}."]})
+  dataset_dir = tmp_path / "data" / "bertjax_local_text" / "files" / "1.0.0"
+  stage = staged.Stage(str(dataset_dir), "bertjax_local_text", "plan")
+  empty = stage.write_unit(0, {"train": [doc(0), doc(1)], "validation": iter(())}, {})
+  assert empty["records"] == {"train": 2, "validation": 0}
+  assert sorted(os.listdir(dataset_dir / staged.STAGING)) == [
+      "unit-00000.json", "unit-00000.train.array_record"]
+  # A rerun finds the unit done, and reads no record of its empty split.
+  assert stage.receipt(0) == empty and list(stage.records(0, "validation")) == []
+  stage.write_unit(1, {"train": [doc(2)], "validation": [doc(3)]}, {})
+  assert list(stage.records(1, "validation")) == [doc(3)]
+  stage.publish(2, ["train", "validation"], builders.text_features(), {}, "test")
+  splits = tfds.builder_from_directory(str(dataset_dir)).info.splits
+  assert (splits["train"].shard_lengths, splits["validation"].shard_lengths) == ([2, 1], [1])
+  assert [r.problem for r in shards.verify(str(tmp_path / "data"))] == [None] * 3
 
 
 def test_tokenizer_sample_is_uniform_over_a_sorted_corpus(demo_config, tmp_path):

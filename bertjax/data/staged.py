@@ -25,12 +25,14 @@ another plan are never reused.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
 import tempfile
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
+from array_record.python import array_record_data_source
 from array_record.python import array_record_module
 from etils import epath
 import tensorflow_datasets as tfds
@@ -114,12 +116,20 @@ class Stage:
 
     Returns:
       The receipt: plan, records (split -> count), bytes (split -> file
-      size) and stats.
+      size; a split without records has no file, and no entry) and stats.
     """
     self.dir.mkdir(parents=True, exist_ok=True)
     counts, sizes, digests = {}, {}, {}
     with tempfile.TemporaryDirectory(prefix="bertjax-unit-") as tmp:
       for split, examples in records.items():
+        examples = iter(examples)
+        first = next(examples, None)
+        if first is None:
+          # Riegeli pads even an empty file to 128 KiB; a unit's split is
+          # often empty (a small unit's validation), and publish skips it.
+          counts[split] = 0
+          continue
+        examples = itertools.chain([first], examples)
         final = self._shard(index, split)
         # Riegeli writes local files; a gs:// dataset gets a copy of one.
         local = (os.fspath(final) + f".tmp-{os.getpid()}" if is_local(final)
@@ -142,6 +152,19 @@ class Stage:
                "sha256": digests, "stats": dict(stats)}
     _write_atomically(self._receipt(index), json.dumps(receipt, sort_keys=True))
     return receipt
+
+  def records(self, index: int, split: str) -> Iterator[bytes]:
+    """A finished unit's staged records of ``split``, in order (none where
+    it had none: ``write_unit`` writes no file for an empty split)."""
+    receipt = self.receipt(index)
+    if receipt is None:
+      raise RuntimeError(f"unit {index} of {self.dataset_dir} is unfinished")
+    if not receipt["records"].get(split):
+      return
+    reader = array_record_data_source.ArrayRecordDataSource(
+        [os.fspath(self._shard(index, split))])
+    for lo in range(0, len(reader), 4096):
+      yield from reader.__getitems__(range(lo, min(lo + 4096, len(reader))))
 
   def clear_other_plans(self) -> None:
     """Removes staged units of another plan (never a published shard)."""

@@ -17,7 +17,6 @@ import time
 from typing import Sequence
 
 from absl import logging
-from array_record.python import array_record_data_source
 import numpy as np
 
 from bertjax import paths
@@ -100,12 +99,8 @@ def train_tokenizer(config, path: str, trains: Sequence[text_sources.Split],
 
   def sample():
     for task in tasks:
-      reader = array_record_data_source.ArrayRecordDataSource(
-          [os.fspath(stage.dataset_dir / staged.STAGING /
-                     f"unit-{task.index:05d}.sample.array_record")])
-      for lo in range(0, len(reader), 4096):
-        for record in reader.__getitems__(range(lo, min(lo + 4096, len(reader)))):
-          yield record.decode("utf-8")
+      for record in stage.records(task.index, "sample"):
+        yield record.decode("utf-8")
 
   start = time.time()
   threads = config.get("tokenizer_train_threads", 1)
