@@ -15,6 +15,8 @@ import corpus_files
 from bertjax.data import builders
 from bertjax.data import prepare
 from bertjax.data import python_docs
+from bertjax.data import text_sources
+from bertjax.data import tokenized
 from bertjax.data import tokenizer as tokenizer_lib
 
 _FORBIDDEN_IDS = [batch.PAD_ID, batch.CLS_ID, batch.SEP_ID, batch.MASK_ID]
@@ -90,6 +92,18 @@ def test_prepare_is_idempotent(demo_config, demo_data):
   again = prepare.prepare(demo_config, demo_data.data_dir)
   assert time.time() - start < 2.0
   assert again == demo_data
+  assert _snapshot(demo_data.data_dir) == before
+
+
+def test_the_tokenized_stage_reuses_the_shards_prepare_made(demo_config, demo_data):
+  # Moved out of prepare.py (bertjax/data/tokenized.py); called alone, it
+  # checks and reuses the demo's shards, writing nothing.
+  before = _snapshot(demo_data.data_dir)
+  engine = prepare.engine_of(demo_config)
+  sources = text_sources.text_sources(demo_config, demo_data.data_dir, engine)
+  again = tokenized.prepare_shards(demo_config, demo_data.data_dir, "bertjax_python_docs",
+                                   demo_data.tokenizer(), sources, None, "", engine)
+  assert again == demo_data and isinstance(again, prepare.PreparedData)
   assert _snapshot(demo_data.data_dir) == before
 
 
@@ -365,7 +379,7 @@ def test_tokenizer_without_byte_fallback_warns_of_unk(demo_config, text_dir, tmp
                          dataset="bertjax_local_text/paragraphs", vocab_size=1000)
   with caplog.at_level(logging.WARNING):
     prepared = prepare.prepare(config, str(data_dir))
-  assert prepared.unk_rate["validation"] > prepare.UNK_WARN_RATE
+  assert prepared.unk_rate["validation"] > tokenized.UNK_WARN_RATE
   warned = [r.getMessage() for r in caplog.records if "[UNK]" in r.getMessage()]
   assert any(w.startswith("split validation is ") and "predates byte fallback" in w
              and "--config.data_dir" in w and "\n" not in w for w in warned)

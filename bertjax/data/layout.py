@@ -16,7 +16,7 @@ from bertjax.data import builders
 from bertjax.data import mixture
 
 # Version directories of the datasets prepare builds (as in text_sources.py,
-# builders.py and prepare.py).
+# builders.py and tokenized.py).
 _VERSION = "1.0.0"
 
 
