@@ -139,7 +139,8 @@ DEFAULTS: dict[str, Any] = {
     "predict_files": "", "predict_split": "", "output_names": "", "head_activation": "tanh",
 }
 
-_ABSENT = "(absent)"
+# A field one of the two configs does not have (a config from before it).
+ABSENT = "(absent)"
 
 
 class IncompatibleCheckpoint(ValueError):
@@ -154,7 +155,7 @@ class Change:
   kind: str
 
   def describe(self) -> str:
-    return f"{self.field} {_show(self.saved)} -> {_show(self.new)}"
+    return f"{self.field} {show_value(self.saved)} -> {show_value(self.new)}"
 
 
 def kind_of(field: str) -> str | None:
@@ -186,14 +187,15 @@ def as_json(config) -> dict[str, Any]:
 def _lookup(flat: Mapping[str, Any], field: str) -> Any:
   if field in flat:
     return flat[field]
-  return DEFAULTS.get(field.rsplit(".", 1)[-1], _ABSENT)
+  return DEFAULTS.get(field.rsplit(".", 1)[-1], ABSENT)
 
 
-def _show(value: Any) -> str:
-  return value if value is _ABSENT else repr(value)
+def show_value(value: Any) -> str:
+  """A saved or new value as a refusal names it (ABSENT bare)."""
+  return value if value is ABSENT else repr(value)
 
 
-def _cli(value: Any) -> str:
+def flag_value(value: Any) -> str:
   """A value as it is written after ``--config.FIELD=``."""
   if isinstance(value, str):
     return value
@@ -252,7 +254,7 @@ def check(saved: Mapping[str, Any], config, where: str, *,
     # Another variant's config (or an import's): another model, fields this
     # config lacks, or another objective among other changes; flags would not
     # say it, so name the config file instead.
-    other = any(c.field in _VARIANT_FIELDS or c.new is _ABSENT for c in layout) or (
+    other = any(c.field in _VARIANT_FIELDS or c.new is ABSENT for c in layout) or (
         len(layout) > 1 and any(c.field == "objective" for c in layout))
     named = _config_file(saved) if other else None
     if named and evaluating:
@@ -309,9 +311,9 @@ def _config_file(saved: Mapping[str, Any]) -> str | None:
 
 
 def _listing(changes: list[Change], side: str) -> str:
-  return ", ".join(f"{c.field}={_show(getattr(c, side))}" for c in changes)
+  return ", ".join(f"{c.field}={show_value(getattr(c, side))}" for c in changes)
 
 
 def _flags(changes: list[Change]) -> str:
-  return " ".join(f"--config.{c.field}={_cli(c.saved)}" for c in changes
-                  if c.saved is not _ABSENT) or "the checkpoint's config"
+  return " ".join(f"--config.{c.field}={flag_value(c.saved)}" for c in changes
+                  if c.saved is not ABSENT) or "the checkpoint's config"

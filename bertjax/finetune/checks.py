@@ -209,8 +209,8 @@ def check_resume(saved, cfg, where: str, num_train: int) -> list:
                 f"{_listing(named, 'new')}")
   if causes:
     said.append(("and " if named else "was fine-tuned on other data: ") + ", and ".join(causes))
-  keep = [f"--config.{c.field}={compat._cli(c.saved) or repr('')}"  # noqa: SLF001
-          for c in named if c.saved != compat._ABSENT]  # noqa: SLF001
+  keep = [f"--config.{c.field}={compat.flag_value(c.saved) or repr('')}"
+          for c in named if c.saved != compat.ABSENT]
   if causes:
     keep.append("the training data it was fine-tuned on")
   what = ("the saved state's layout" if layout
@@ -234,5 +234,5 @@ def _labels(names: str) -> str:
 
 
 def _listing(changes, side: str) -> str:
-  return ", ".join(f"{c.field}={compat._show(getattr(c, side))}"  # noqa: SLF001
+  return ", ".join(f"{c.field}={compat.show_value(getattr(c, side))}"
                    for c in changes)
