@@ -405,14 +405,25 @@ class HfTokenizer:
     return ids, starts
 
   def encode_with_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray]:
-    """bertjax ids int32 [n] and character spans int32 [n, 2] of one text."""
+    """bertjax ids int32 [n] and character spans int32 [n, 2] of one text. A
+    word's leading space belongs to no piece (a lone word-start mark gets an
+    empty span), whatever the backend."""
     if self._kind == "sentencepiece":
       hf_ids, spans = self._tok.encode_with_offsets(text)
       ids = self._to_bertjax[hf_ids].astype(np.int32)
       return ids, np.asarray(spans, np.int32).reshape(-1, 2)
     encoding = self._tok.encode(text, add_special_tokens=False)
     ids = self._to_bertjax[np.asarray(encoding.ids, np.int64)].astype(np.int32)
-    return ids, np.asarray(encoding.offsets, np.int32).reshape(-1, 2)
+    spans = np.asarray(encoding.offsets, np.int32).reshape(-1, 2)
+    # The tokenizers library gives a Metaspace piece ('\u2581with') or an
+    # untrimmed byte-level one ('\u0120with') its word's leading space; QA
+    # would then count the piece in the previous word (max_answer_words) and
+    # begin answers with a space.
+    for k, (begin, end) in enumerate(spans):
+      while begin < end and text[begin].isspace():
+        begin += 1
+      spans[k, 0] = begin
+    return ids, spans
 
   def word_starts(self, ids: np.ndarray) -> np.ndarray:
     """bool [n]: whether each id's piece begins a word."""

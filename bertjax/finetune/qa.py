@@ -116,9 +116,17 @@ def windows(example: int, question_ids: np.ndarray, context_ids: np.ndarray,
 
 def word_index(context: str, offsets: np.ndarray) -> np.ndarray:
   """Which whitespace-separated word of ``context`` each token begins in:
-  int [n] for ``offsets`` int [n, 2] (rows of -1, non-context tokens, get -1)."""
+  int [n] for ``offsets`` int [n, 2] (rows of -1, non-context tokens, get -1).
+
+  A token's word is that of the first non-whitespace character at or after
+  its start: a span that keeps its word's leading space, or a piece that is
+  only a space, belongs to the word that follows, not the one before.
+  """
   starts = np.asarray([m.start() for m in re.finditer(r"\S+", context)], np.int64)
-  words = np.searchsorted(starts, offsets[:, 0], side="right") - 1
+  solid = np.asarray([m.start() for m in re.finditer(r"\S", context)] + [len(context)],
+                     np.int64)
+  first = solid[np.minimum(np.searchsorted(solid, offsets[:, 0]), len(solid) - 1)]
+  words = np.searchsorted(starts, first, side="right") - 1
   return np.where(offsets[:, 0] >= 0, words, -1)
 
 
@@ -133,7 +141,8 @@ def best_span(start_logits: Sequence[np.ndarray], end_logits: Sequence[np.ndarra
     context_masks: bool [seq_len] per window.
     offsets: int [seq_len, 2] per window.
     max_answer_tokens: longest span, in tokens.
-    context: the context text the offsets index (needed for max_answer_words).
+    context: the context text the offsets index (needed for max_answer_words;
+      with it, an answer never begins with whitespace).
     max_answer_words: longest span, in whitespace-separated words of the
       context; 0 = no limit.
 
@@ -159,7 +168,10 @@ def best_span(start_logits: Sequence[np.ndarray], end_logits: Sequence[np.ndarra
     s, e = np.unravel_index(int(np.argmax(scores)), scores.shape)
     if scores[s, e] > best[2]:
       best = (int(off[s, 0]), int(off[e, 1]), float(scores[s, e]))
-  return best
+  begin, end, score = best
+  while context is not None and begin < end and context[begin].isspace():
+    begin += 1  # a span starting on a piece that is only a space
+  return begin, end, score
 
 
 def no_answer_score(start_logits: Sequence[np.ndarray],
