@@ -42,12 +42,18 @@ def _table_rows(path: str, text: str, tsv: bool) -> list[dict[str, Any]]:
   read as GLUE's files and BERT's reader take them: no quoting, so a text that
   starts with a quote mark is kept as it is instead of swallowing the lines
   after it."""
-  reader = csv.DictReader(io.StringIO(text), delimiter="\t" if tsv else ",",
+  lines = io.StringIO(text).readlines()
+  reader = csv.DictReader(lines, delimiter="\t" if tsv else ",",
                           quoting=csv.QUOTE_NONE if tsv else csv.QUOTE_MINIMAL)
   rows = []
   try:
+    reader.fieldnames  # reads the header, which the first row's line must count
     while True:
-      start = reader.line_num + 1  # a quoted value may span lines
+      # A row's line is read off before it, as a quoted value may span lines;
+      # the reader skips blank lines, so they are skipped here too.
+      start = reader.line_num + 1
+      while start <= len(lines) and not lines[start - 1].strip("\r\n"):
+        start += 1
       row = next(reader, None)
       if row is None:
         break
