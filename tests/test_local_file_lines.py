@@ -1,5 +1,6 @@
 """Local task files name a bad row by its line: the header is line 1, so the
-first row is line 2, and blank lines the reader skips still count."""
+first row is line 2, and blank lines the reader skips still count. The label
+column is no text column."""
 
 import pytest
 
@@ -28,3 +29,15 @@ def test_a_bad_row_is_named_by_its_own_line(tmp_path, train, evals, message):
                             eval_files=str(tmp_path / name))
   with pytest.raises(ValueError, match=message):
     tasks_lib.load(config)
+
+
+def test_the_label_column_is_refused_as_text(tmp_path):
+  # Fed as text, the label would be read by the model that is to predict it.
+  (tmp_path / "train.csv").write_text(_GOOD)
+  config = _finetune_config("local", train_files=str(tmp_path / "train.csv"),
+                            eval_files=str(tmp_path / "train.csv"),
+                            text_fields="sentence,label")
+  with pytest.raises(ValueError, match=r"names the label column 'label'; name only"):
+    tasks_lib.load(config)
+  config.text_fields = "sentence"
+  assert [ex["text_a"] for ex in tasks_lib.load(config).train] == ["a cat", "a dog"]

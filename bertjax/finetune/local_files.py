@@ -306,6 +306,11 @@ def _table_examples(rows, config, labelled: bool = True) -> list[dict[str, Any]]
   if not 1 <= len(fields) <= 2:
     raise ValueError("--config.text_fields names one or two columns, e.g. "
                      "'sentence' or 'sentence1,sentence2'.")
+  if config.label_field in fields:
+    # The model would read the answer it is asked for.
+    raise ValueError(f"--config.text_fields={config.text_fields!r} names the label column "
+                     f"{config.label_field!r}; name only the text columns there, or set "
+                     "--config.label_field to the column that holds the labels.")
   regression = config.task_kind == "regression"
   needed = fields + [config.label_field] if labelled else fields
   out, seen = [], set()
