@@ -190,11 +190,15 @@ _TRAINING_ONLY = frozenset((
     "learning_rate", "warmup_steps", "adam_b1", "adam_b2", "adam_eps",
     "weight_decay", "grad_clip_norm"))
 # The safe fields that do move an evaluation's figures (to float rounding,
-# for the last three). Not data_dir: a moved directory holds the same data
-# (what it holds is named by the dataset and its tokenizer's fingerprint).
+# for mesh_shape, attention_impl and sparse_last_layer). Not data_dir: a
+# moved directory holds the same data (what it holds is named by the dataset
+# and its tokenizer's fingerprint). The last six are fine-tuning's: the
+# examples scored, QA's decoding and the metric the record names as main.
 _EVALUATION_SAFE = frozenset((
     "eval_split", "eval_max_batches", "eval_seed", "mesh_shape",
-    "attention_impl", "sparse_last_layer"))
+    "attention_impl", "sparse_last_layer",
+    "max_eval_examples", "max_answer_tokens", "max_answer_words", "no_answer",
+    "no_answer_threshold", "main_metric"))
 
 
 def _moves_evaluation(change) -> bool:
@@ -204,6 +208,15 @@ def _moves_evaluation(change) -> bool:
   if change.kind == compat.SAFE:
     return name in _EVALUATION_SAFE
   return name not in _TRAINING_ONLY
+
+
+def config_changes(saved, config) -> dict[str, list]:
+  """{field: [saved, new]} of the fields ``config`` sets otherwise than the
+  checkpoint's ``saved`` config that can move an evaluation's record: why a
+  record written beside the training run's (``write_record``'s
+  ``keep_others``) says something else."""
+  return {c.field: [c.saved, c.new] for c in compat.differences(saved, config)
+          if _moves_evaluation(c)}
 
 
 def _require_prepared(config, data_dir: str) -> None:
@@ -272,9 +285,9 @@ def _evaluate_checkpoint(config, workdir: str, step: int | None) -> dict[str, An
   # What this evaluation was run with that the checkpoint was not (another
   # eval_seed, split, batch ...): why a record beside the training run's,
   # eval_<step>-2.json, says something else.
-  changes = [c for c in compat.differences(saved, config) if _moves_evaluation(c)]
+  changes = config_changes(saved, config)
   if changes:
-    record["config_changes"] = {c.field: [c.saved, c.new] for c in changes}
+    record["config_changes"] = changes
   if writable:
     logging.info("Wrote %s.", write_record(workdir, record, keep_others=True))
   return record

@@ -44,6 +44,7 @@ from etils import epath
 from flax import linen as nn
 
 from bertjax import checkpointing
+from bertjax import evaluation as evaluation_lib
 from bertjax import guards
 from bertjax import metrics as metrics_lib
 from bertjax import sharding
@@ -304,6 +305,7 @@ def _run_held(cfg, task, fields, loaded, tokenizer, train_feats, eval_feats, to_
                         len(train_feats["tokens"]))
 
   restored = _restore(checkpointer, abstract, shardings, accept, init, workdir)
+  saved = None  # the config of the checkpoint resumed from
   it = EpochIterator(len(train_feats["tokens"]), cfg.batch_size, cfg.seed,
                      process_index=jax.process_index(), process_count=jax.process_count())
   if restored is None:
@@ -311,6 +313,7 @@ def _run_held(cfg, task, fields, loaded, tokenizer, train_feats, eval_feats, to_
     state = _initial_state(model, tx, cfg, abstract_params, shardings, loaded, mesh)
   else:
     step, state, data_state = restored
+    saved = checkpointer.saved_config(step)
     it.set_state(data_state)
     logging.info("Resuming fine-tuning from step %d.", step)
   step = int(jax.device_get(state.step))
@@ -389,8 +392,9 @@ def _run_held(cfg, task, fields, loaded, tokenizer, train_feats, eval_feats, to_
     logging.info("Stopped at step %d with a checkpoint; run again to resume.", step)
     return None
   if record is None:  # resumed after the last step: evaluate once more
+    # Its record goes beside the run's own where the settings differ (``evaluate``).
     record = evaluate(cfg, task, predict_fn, state.params, eval_feats, mesh, step,
-                      workdir_path, None)
+                      workdir_path, None, saved=saved)
   record["skipped_steps"] = nonfinite.total
   record["best"] = {"step": best.best["step"],
                     cfg.main_metric: _loss_sign(cfg) * best.best["loss"]}
@@ -443,17 +447,38 @@ def _initial_state(model, tx, cfg, abstract_params, shardings, loaded, mesh):
 
 
 def evaluate(cfg, task, predict_fn, params, eval_feats, mesh, step: int,
-             workdir: epath.Path, writer) -> dict[str, Any]:
+             workdir: epath.Path, writer, *, saved=None) -> dict[str, Any]:
   """Scores the eval split with ``predict_fn`` (``predict_step``); writes
-  eval_<step>.json and predictions_<split>.jsonl."""
+  eval_<step>.json and predictions_<split>.jsonl.
+
+  ``saved``: the checkpoint's config, when a finished run is evaluated again.
+  The run's own record is then never replaced by one that says something
+  else (safe changes such as max_eval_examples or no_answer_threshold are
+  accepted on a finished run): as ``bertjax.evaluate`` does, this one goes to
+  eval_<step>-2.json (-3 ...) with ``config_changes``, its predictions to
+  predictions_<split>-2.jsonl; the same record rewrites the same files.
+  """
   logits = predict(predict_fn, params, eval_feats, task.kind, cfg.batch_size, mesh)
   scores, records = score(task, task.eval, eval_feats, logits, cfg)
   record = {"step": step, "epoch": round(step / cfg.steps_per_epoch, 3), **scores,
             "main_metric": cfg.main_metric, "num_examples": len(task.eval)}
+  changes = evaluation_lib.config_changes(saved, cfg) if saved is not None else {}
+  if changes:
+    record["config_changes"] = changes
   if jax.process_index() == 0:
     workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / f"eval_{step}.json").write_text(json.dumps(record, indent=1))
-    predict_lib.write(workdir / f"predictions_{cfg.eval_split}.jsonl", records)
+  written = epath.Path(evaluation_lib.write_record(str(workdir), record,
+                                                   keep_others=saved is not None))
+  copy = written.name[len(f"eval_{step}"):-len(".json")]  # '' or '-2', '-3' ...
+  predictions = workdir / f"predictions_{cfg.eval_split}{copy}.jsonl"
+  if jax.process_index() == 0:
+    predict_lib.write(predictions, records)
+  if copy:
+    logging.info("Evaluated step %d with %s; wrote %s and %s beside the run's own "
+                 "eval_%d.json and predictions_%s.jsonl, which are kept.", step,
+                 ", ".join(f"{k}={v[1]!r} (the run's {v[0]!r})" for k, v in changes.items())
+                 or "the same settings but another result", written.name,
+                 predictions.name, step, cfg.eval_split)
   if writer is not None:
     writer.write(step, scores, prefix="eval_", flush=True)
   logging.info("Evaluation at step %d: %s", step, json.dumps(scores))
