@@ -229,6 +229,38 @@ def allowed(config) -> set[str]:
   return names
 
 
+def is_finetuning(config: Mapping[str, Any]) -> bool:
+  """Whether a config, or a checkpoint's saved one, is fine-tuning's: only
+  configs/finetune.py has ``task`` (pretraining's and imports' have none)."""
+  return "task" in config
+
+
+def check_workdir_kind(newest, config, workdir: str, *, evaluating: bool = False) -> None:
+  """Refuses a pretraining workdir given to fine-tuning and the reverse, before
+  any work: ``check``'s field-by-field refusal would ask for flags the other
+  program does not have.
+
+  Args:
+    newest: (step, saved config, where) of the workdir's newest checkpoint
+      (``checkpointing.newest_saved_config``), or None for a new workdir.
+    config: the run's config; workdir: the --workdir as given.
+    evaluating: ``bertjax.evaluate`` asks, not ``bertjax.main``.
+  """
+  if newest is None or is_finetuning(newest[1]) == is_finetuning(config):
+    return
+  step, saved = newest[0], newest[1]
+  if is_finetuning(config):
+    raise IncompatibleCheckpoint(
+        f"{workdir} is a pretraining workdir (its newest checkpoint, step {step}, "
+        "was pretrained or imported, not fine-tuned); pass a new --workdir for "
+        f"fine-tuning (and {workdir} as --init to start from it).")
+  use = ("run bertjax.finetune on it again to evaluate it" if evaluating
+         else "use bertjax.finetune to resume it")
+  raise IncompatibleCheckpoint(
+      f"{workdir} is a fine-tuning workdir (task {saved['task']!r}, step {step}); "
+      f"{use} or bertjax.load to predict, or pass a new --workdir to pretrain.")
+
+
 def check(saved: Mapping[str, Any], config, where: str, *,
           layout_only: bool = False, evaluating: bool = False) -> list[Change]:
   """Refuses a resume whose config changes the layout or, unallowed, the stream.

@@ -257,6 +257,8 @@ def _evaluate_checkpoint(config, workdir: str, step: int | None) -> dict[str, An
                      "`python -m bertjax.main` on this --workdir.")
   checkpointer.check_intact(step)
   saved = checkpointer.saved_config(step)
+  compat.check_workdir_kind((step, saved, checkpointer.where(step)), config, workdir,
+                            evaluating=True)
   # A read-only workdir (another user's run) is still evaluated; the record
   # is only printed, as said here before any device work.
   writable = paths.unwritable(workdir) is None

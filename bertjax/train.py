@@ -263,6 +263,7 @@ def train_and_evaluate(config, workdir: str, *,
     workdir = paths.absolute(workdir)
     layout.check_directories(config, workdir)  # reads only: no file in the way
     newest = checkpointing.newest_saved_config(workdir)
+    compat.check_workdir_kind(newest, config, workdir)
     if newest is not None:  # read-only: a refusal leaves the workdir as it was
       newest_step, saved, where = newest
       compat.check(saved, config, where, layout_only=newest_step == 0)

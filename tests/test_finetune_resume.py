@@ -88,3 +88,37 @@ def test_a_finished_workdir_predicts_from_an_init_that_trained_further(tmp_path,
           and str(e.value).endswith("pass a new --workdir to fine-tune from step 70 "
                                     "(--init reads a bertjax workdir's newest checkpoint).")
           and f"pass --init={init}" not in str(e.value)), e.value
+
+
+def test_a_workdir_of_the_other_program_is_named_as_such_before_any_work(tmp_path, monkeypatch):
+  from bertjax import checkpointing
+  from bertjax import train
+  pretraining = config_files.shipped("bert").get_config("tiny")
+  finetuning = _run_config()
+  pretrained, finetuned = str(tmp_path / "pre"), str(tmp_path / "ft")
+  newest = {pretrained: (30, compat.as_json(pretraining), WHERE),
+            finetuned: (24, compat.as_json(finetuning), WHERE)}
+  monkeypatch.setattr(checkpointing, "newest_saved_config", lambda w: newest.get(w))
+  # Fine-tuning on a pretraining workdir: refused before the task or the
+  # init (which does not exist) is read.
+  with pytest.raises(ValueError) as e:
+    loop.run(_run_config(), str(tmp_path / "no-such-init"), pretrained)
+  assert str(e.value) == (
+      f"{pretrained} is a pretraining workdir (its newest checkpoint, step 30, was "
+      "pretrained or imported, not fine-tuned); pass a new --workdir for fine-tuning "
+      f"(and {pretrained} as --init to start from it)."), e.value
+  # Pretraining, or bertjax.evaluate, on a fine-tuning workdir.
+  with pytest.raises(ValueError) as e:
+    train.train_and_evaluate(pretraining, finetuned)
+  assert str(e.value) == (
+      f"{finetuned} is a fine-tuning workdir (task 'local', step 24); use "
+      "bertjax.finetune to resume it or bertjax.load to predict, or pass a new "
+      "--workdir to pretrain."), e.value
+  with pytest.raises(ValueError, match=r"fine-tuning workdir .* run bertjax.finetune "
+                                       r"on it again to evaluate it or bertjax.load"):
+    compat.check_workdir_kind(newest[finetuned], pretraining, finetuned, evaluating=True)
+  # Each kind on its own workdir, or a new one, is not refused here.
+  compat.check_workdir_kind(newest[pretrained], pretraining, pretrained)
+  compat.check_workdir_kind(newest[finetuned], finetuning, finetuned)
+  compat.check_workdir_kind(None, finetuning, finetuned)
+  assert not (tmp_path / "pre").exists() and not (tmp_path / "ft").exists()

@@ -44,6 +44,7 @@ from etils import epath
 from flax import linen as nn
 
 from bertjax import checkpointing
+from bertjax import compat
 from bertjax import evaluation as evaluation_lib
 from bertjax import guards
 from bertjax import metrics as metrics_lib
@@ -238,6 +239,8 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
   """
   checks.check_config(config)
   checks.check_directories(config, workdir)
+  # A pretraining workdir as --workdir: said before the task or init is read.
+  compat.check_workdir_kind(checkpointing.newest_saved_config(workdir), config, workdir)
   # The task's files are read before the init's weights: bad task input is
   # refused before anything is loaded onto a device.
   task = tasks_lib.load(config)
