@@ -59,7 +59,6 @@ from bertjax.finetune import layer_decay
 from bertjax.finetune import metrics as task_metrics
 from bertjax.finetune import objective as objective_lib
 from bertjax.finetune import predict as predict_lib
-from bertjax.finetune import qa as qa_lib
 from bertjax.finetune import tasks as tasks_lib
 from bertjax.models import heads
 
@@ -178,37 +177,6 @@ def predict(step, params, feats, kind: str, batch_size: int, mesh) -> np.ndarray
       logits = step(params, train.to_global(batch, mesh))
       outs.append(np.asarray(jax.device_get(logits))[valid])
   return np.concatenate(outs)
-
-
-def score(task: tasks_lib.Task, examples, feats, logits: np.ndarray, config
-          ) -> tuple[dict[str, float], list[dict[str, Any]]]:
-  """(metrics, one prediction record per example) from the head's logits."""
-  kind, names = task.kind, task.label_names
-  if kind == "classification":
-    pred = logits.argmax(-1)
-    gold = feats["label"]
-    records = [{"index": i, "label": names[int(g)], "prediction": names[int(p)]}
-               for i, (g, p) in enumerate(zip(gold, pred))]
-    return task_metrics.classification(gold, pred, len(names)), records
-  if kind == "regression":
-    pred = logits[:, 0]
-    records = [{"index": i, "label": float(g), "prediction": float(p)}
-               for i, (g, p) in enumerate(zip(feats["label"], pred))]
-    return task_metrics.regression(feats["label"], pred), records
-  if kind == "tagging":
-    pred = features_lib.word_tags(examples, feats, logits.argmax(-1), names)
-    gold = [ex["tags"] for ex in examples]
-    records = [{"index": i, "words": ex["words"], "tags": ex["tags"], "prediction": tags}
-               for i, (ex, tags) in enumerate(zip(examples, pred))]
-    return task_metrics.tagging(gold, pred), records
-  no_answer = tasks_lib.predicts_no_answer(config, task)
-  threshold = float(config.get("no_answer_threshold", 0.0))
-  spans, margins, records = qa_lib.decode(examples, feats, logits, config,
-                                          no_answer=no_answer, threshold=threshold)
-  golds = [ex["answers"] for ex in examples]
-  if no_answer:
-    return task_metrics.squad_v2(golds, spans, margins, threshold), records
-  return task_metrics.squad(golds, spans), records
 
 
 # ---------------------------------------------------------------------- run
@@ -462,7 +430,7 @@ def evaluate(cfg, task, predict_fn, params, eval_feats, mesh, step: int,
   predictions_<split>-2.jsonl; the same record rewrites the same files.
   """
   logits = predict(predict_fn, params, eval_feats, task.kind, cfg.batch_size, mesh)
-  scores, records = score(task, task.eval, eval_feats, logits, cfg)
+  scores, records = predict_lib.score(task, task.eval, eval_feats, logits, cfg)
   record = {"step": step, "epoch": round(step / cfg.steps_per_epoch, 3), **scores,
             "main_metric": cfg.main_metric, "num_examples": len(task.eval)}
   changes = evaluation_lib.config_changes(saved, cfg) if saved is not None else {}

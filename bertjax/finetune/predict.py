@@ -1,4 +1,5 @@
-"""What a fine-tuned model predicts for inputs without labels.
+"""What a fine-tuned model predicts for inputs without labels, and ``score``: the
+metrics and per-example records of the eval split from the head's logits.
 
 ``config.predict_files`` (comma-separated files in the task's own format:
 a table for classification and regression, SQuAD .json for QA, CoNLL for
@@ -24,6 +25,7 @@ from etils import epath
 from bertjax import checkpointing
 from bertjax.finetune import features as features_lib
 from bertjax.finetune import local_files
+from bertjax.finetune import metrics as task_metrics
 from bertjax.finetune import qa as qa_lib
 from bertjax.finetune import tasks as tasks_lib
 
@@ -132,3 +134,34 @@ def best_params(workdir: str, step: int, abstract, shardings):
   finally:
     checkpointer.close()
   return state.params
+
+
+def score(task: tasks_lib.Task, examples, feats, logits: np.ndarray, config
+          ) -> tuple[dict[str, float], list[dict[str, Any]]]:
+  """(metrics, one prediction record per example) from the head's logits."""
+  kind, names = task.kind, task.label_names
+  if kind == "classification":
+    pred = logits.argmax(-1)
+    gold = feats["label"]
+    records = [{"index": i, "label": names[int(g)], "prediction": names[int(p)]}
+               for i, (g, p) in enumerate(zip(gold, pred))]
+    return task_metrics.classification(gold, pred, len(names)), records
+  if kind == "regression":
+    pred = logits[:, 0]
+    records = [{"index": i, "label": float(g), "prediction": float(p)}
+               for i, (g, p) in enumerate(zip(feats["label"], pred))]
+    return task_metrics.regression(feats["label"], pred), records
+  if kind == "tagging":
+    pred = features_lib.word_tags(examples, feats, logits.argmax(-1), names)
+    gold = [ex["tags"] for ex in examples]
+    records = [{"index": i, "words": ex["words"], "tags": ex["tags"], "prediction": tags}
+               for i, (ex, tags) in enumerate(zip(examples, pred))]
+    return task_metrics.tagging(gold, pred), records
+  no_answer = tasks_lib.predicts_no_answer(config, task)
+  threshold = float(config.get("no_answer_threshold", 0.0))
+  spans, margins, records = qa_lib.decode(examples, feats, logits, config,
+                                          no_answer=no_answer, threshold=threshold)
+  golds = [ex["answers"] for ex in examples]
+  if no_answer:
+    return task_metrics.squad_v2(golds, spans, margins, threshold), records
+  return task_metrics.squad(golds, spans), records
