@@ -73,6 +73,12 @@ class Preempted(Exception):
                      f"step {step} is saved, run the same command again to "
                      "evaluate it.")
 
+  @classmethod
+  def during_final_predictions(cls, step: int) -> "Preempted":
+    return cls(step, f"{_cause()} while predicting the predict files; the checkpoint "
+                     f"of step {step} is saved, run the same command again to "
+                     "predict them.")
+
 
 class NonFiniteLoss(ValueError):
   """The loss or gradient norm became NaN/Inf."""

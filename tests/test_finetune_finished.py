@@ -1,8 +1,12 @@
 """A fine-tuning run after its last step: started again with other settings,
-it keeps its own record."""
+it keeps its own record; stopped by SIGTERM while it evaluates or predicts,
+it says so and exits 75, and a rerun writes what is missing."""
 
 import json
 
+import pytest
+
+from bertjax import guards
 from bertjax.finetune import loop
 
 import test_finetune_inputs
@@ -33,3 +37,43 @@ def test_a_finished_run_started_with_other_settings_keeps_its_own_record(inits, 
   loop.run(cfg(), inits(2), str(workdir))
   assert _files(workdir, own) == own
   assert not (workdir / "eval_2-3.json").exists()
+
+
+def _sigterm_at_call(monkeypatch, n):
+  """loop.predict, with SIGTERM's flag raised (as its handler does) at the
+  n-th call: the last step's evaluation is the first, a predict file next."""
+  real, calls = loop.predict, []
+
+  def hooked(*args, **kwargs):
+    calls.append(1)
+    if len(calls) == n:
+      guards._SIGTERM.set()
+    return real(*args, **kwargs)
+
+  monkeypatch.setattr(loop, "predict", hooked)
+
+
+def test_sigterm_while_finishing_exits_75_and_a_rerun_writes_what_is_missing(
+    inits, tmp_path, monkeypatch):
+  (tmp_path / "new.csv").write_text("sentence\na cat sat on the mat\n")
+  cfg = lambda: _finetune_config("coherence", predict_files=str(tmp_path / "new.csv"),
+                                 **_TINY)
+  workdir = tmp_path / "ft"
+  for n, says in ((1, "Preempted during the final evaluation; the checkpoint of step 2 "
+                      "is saved, run the same command again to evaluate it."),
+                  (2, "Preempted while predicting the predict files; the checkpoint of "
+                      "step 2 is saved, run the same command again to predict them.")):
+    _sigterm_at_call(monkeypatch, n)
+    try:
+      with pytest.raises(guards.Preempted) as e:
+        loop.run(cfg(), inits(2), str(workdir))
+    finally:
+      guards._SIGTERM.clear()  # the flag a run that failed to stop leaves set
+    assert str(e.value) == says and e.value.exit_status == guards.EXIT_PREEMPTED == 75
+    assert (workdir / "eval_2.json").exists() == (n == 2)
+    assert not (workdir / "predict_new.jsonl").exists()
+  monkeypatch.undo()
+  record = loop.run(cfg(), inits(2), str(workdir))
+  assert record["predicted"] == {"new": 1} and (workdir / "predict_new.jsonl").exists()
+  rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows if "eval_accuracy" in r] == [2]

@@ -30,6 +30,7 @@ keys are ``fold_in(seed, step)``, batch order a function of (seed, epoch).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -164,13 +165,17 @@ def predict_step(model, kind: str) -> Callable[[Any, dict[str, jax.Array]], jax.
   return step
 
 
-def predict(step, params, feats, kind: str, batch_size: int, mesh) -> np.ndarray:
+def predict(step, params, feats, kind: str, batch_size: int, mesh, *,
+            should_stop=None) -> np.ndarray | None:
   """Head logits of every feature row (float32, leading axis = rows), by
-  ``step`` (``predict_step``) a batch at a time."""
+  ``step`` (``predict_step``) a batch at a time; None when ``should_stop``,
+  asked before each batch, says to stop."""
   n = len(feats["tokens"])
   outs = []
   with sharding.use_mesh(mesh):
     for lo in range(0, n, batch_size):
+      if should_stop is not None and should_stop():
+        return None
       rows = np.arange(lo, lo + batch_size)
       valid = rows < n
       batch = _device_batch(feats, kind, np.minimum(rows, n - 1), valid)
@@ -312,79 +317,101 @@ def _run_held(cfg, task, fields, loaded, tokenizer, train_feats, eval_feats, to_
 
   preemption = guards.PreemptionWatcher()
   preemption.catch_interrupt()  # Ctrl-C too: a checkpoint of the step, then stop
-  try:
-    with sharding.use_mesh(mesh):
-      if _epoch_end_unevaluated(cfg, step, workdir_path):  # stopped there before
-        record = evaluate(cfg, task, predict_fn, state.params, eval_feats, mesh, step,
-                          workdir_path, writer)
-        best.offer(step, _best_loss(cfg, record), state, it.get_state(), cfg, fingerprint)
-      while step < last:
-        batch = _device_batch(train_feats, task.kind, it.next_indices())
-        state, m = step_fn(state, train.to_global(batch, mesh), rng)
-        step += 1
-        acc = metrics_lib.add(acc, m)
-        check_previous()  # the step before this one: the device has moved on
-        previous = (step, m["skipped"])
-        if step % cfg.log_every_steps == 0 or step == last:
-          scalars = metrics_lib.reduce(acc)
-          acc = None
-          rate = (step - s0) / max(time.time() - t0, 1e-9)
-          scalars["examples_per_sec"] = rate * cfg.batch_size
-          writer.write(step, scalars)
-          shown = " ".join(f"{k}={v:.4g}" for k, v in sorted(scalars.items())
-                           if k in ("loss", "task_loss", "task_accuracy"))
-          left = time.strftime("%H:%M:%S", time.gmtime((cfg.num_train_steps - step) / max(rate, 1e-9)))
-          line = (f"step {step}/{cfg.num_train_steps} epoch "
-                  f"{step / cfg.steps_per_epoch:.2f}/{cfg.num_epochs} {shown} "
-                  f"examples/s={scalars['examples_per_sec']:.0f} time_left={left}")
-          logging.info("%s", line)
-          print(line, flush=True)
-        epoch_end = step % cfg.steps_per_epoch == 0 or step == cfg.num_train_steps
-        stopping = preemption.should_stop(step)
-        if (step % cfg.checkpoint_every_steps == 0 or epoch_end or step == last
-            or stopping):
-          check_previous()  # never checkpoint a step that went bad
-          checkpointer.save(step, state, it.get_state(), cfg, fingerprint)
-          writer.flush()  # a run resumed from here finds every row up to it
-        if stopping:  # the resumed run evaluates an epoch's end it skipped
-          checkpointer.wait()
-          raise guards.Preempted(step)
-        if epoch_end:
-          record = evaluate(cfg, task, predict_fn, state.params, eval_feats, mesh, step,
-                            workdir_path, writer)
+  # The last step's evaluation and the predictions stop early on this
+  # process's SIGTERM (on pods the hosts could disagree, so there they run
+  # on), as pretraining's final evaluation does. The watcher is held until
+  # the last file is written: closed before them, SIGTERM killed the run
+  # with status 143 and no word.
+  final_stop = preemption.signalled if jax.process_count() == 1 else None
+
+  def final_evaluation(saved_config, metrics_writer):
+    """``evaluate`` of the last step, which SIGTERM stops (``final_stop``)."""
+    out = evaluate(cfg, task, predict_fn, state.params, eval_feats, mesh, step, workdir_path,
+                   metrics_writer, saved=saved_config, should_stop=final_stop)
+    if out is None:
+      checkpointer.wait()
+      raise guards.Preempted.during_final_evaluation(step)
+    return out
+
+  with contextlib.closing(preemption):
+    try:
+      with sharding.use_mesh(mesh):
+        if _epoch_end_unevaluated(cfg, step, workdir_path):  # stopped there before
+          record = (final_evaluation(saved, writer) if step == cfg.num_train_steps else
+                    evaluate(cfg, task, predict_fn, state.params, eval_feats, mesh, step,
+                             workdir_path, writer))
           best.offer(step, _best_loss(cfg, record), state, it.get_state(), cfg, fingerprint)
-      check_previous()
-  finally:
-    preemption.close()
-    checkpointer.close()
-    writer.close()
-    best.close()
-  if step < cfg.num_train_steps:
-    logging.info("Stopped at step %d with a checkpoint; run again to resume.", step)
-    return None
-  if record is None:  # resumed after the last step: evaluate once more
-    # Its record goes beside the run's own where the settings differ (``evaluate``).
-    record = evaluate(cfg, task, predict_fn, state.params, eval_feats, mesh, step,
-                      workdir_path, None, saved=saved)
-  record["skipped_steps"] = nonfinite.total
-  record["best"] = {"step": best.best["step"],
-                    cfg.main_metric: _loss_sign(cfg) * best.best["loss"]}
-  if to_predict:  # with the best evaluation's parameters (predict module)
-    params = predict_lib.best_params(workdir, best.best["step"], abstract, shardings)
-    for name, examples, feats in to_predict:
-      logits = predict(predict_fn, params, feats, task.kind, cfg.batch_size, mesh)
-      if jax.process_index() == 0:
-        predict_lib.write(workdir_path / f"predict_{name}.jsonl",
-                          predict_lib.records(task, examples, feats, logits, cfg))
-    record["predicted"] = {name: len(examples) for name, examples, _ in to_predict}
+        while step < last:
+          batch = _device_batch(train_feats, task.kind, it.next_indices())
+          state, m = step_fn(state, train.to_global(batch, mesh), rng)
+          step += 1
+          acc = metrics_lib.add(acc, m)
+          check_previous()  # the step before this one: the device has moved on
+          previous = (step, m["skipped"])
+          if step % cfg.log_every_steps == 0 or step == last:
+            scalars = metrics_lib.reduce(acc)
+            acc = None
+            rate = (step - s0) / max(time.time() - t0, 1e-9)
+            scalars["examples_per_sec"] = rate * cfg.batch_size
+            writer.write(step, scalars)
+            shown = " ".join(f"{k}={v:.4g}" for k, v in sorted(scalars.items())
+                             if k in ("loss", "task_loss", "task_accuracy"))
+            left = time.strftime("%H:%M:%S", time.gmtime((cfg.num_train_steps - step) / max(rate, 1e-9)))
+            line = (f"step {step}/{cfg.num_train_steps} epoch "
+                    f"{step / cfg.steps_per_epoch:.2f}/{cfg.num_epochs} {shown} "
+                    f"examples/s={scalars['examples_per_sec']:.0f} time_left={left}")
+            logging.info("%s", line)
+            print(line, flush=True)
+          epoch_end = step % cfg.steps_per_epoch == 0 or step == cfg.num_train_steps
+          stopping = preemption.should_stop(step)
+          if (step % cfg.checkpoint_every_steps == 0 or epoch_end or step == last
+              or stopping):
+            check_previous()  # never checkpoint a step that went bad
+            checkpointer.save(step, state, it.get_state(), cfg, fingerprint)
+            writer.flush()  # a run resumed from here finds every row up to it
+          if stopping:  # the resumed run evaluates an epoch's end it skipped
+            checkpointer.wait()
+            raise guards.Preempted(step)
+          if epoch_end:
+            record = (final_evaluation(None, writer) if step == cfg.num_train_steps else
+                      evaluate(cfg, task, predict_fn, state.params, eval_feats, mesh, step,
+                               workdir_path, writer))
+            best.offer(step, _best_loss(cfg, record), state, it.get_state(), cfg, fingerprint)
+        check_previous()
+        if step == cfg.num_train_steps and record is None:
+          # A finished run started again: evaluated once more, its record
+          # beside the run's own where the settings differ (``evaluate``).
+          record = final_evaluation(saved, None)
+    finally:
+      checkpointer.close()
+      writer.close()
+      best.close()
+    if step < cfg.num_train_steps:
+      logging.info("Stopped at step %d with a checkpoint; run again to resume.", step)
+      return None
+    record["skipped_steps"] = nonfinite.total
+    record["best"] = {"step": best.best["step"],
+                      cfg.main_metric: _loss_sign(cfg) * best.best["loss"]}
+    if to_predict:  # with the best evaluation's parameters (predict module)
+      params = predict_lib.best_params(workdir, best.best["step"], abstract, shardings)
+      for name, examples, feats in to_predict:
+        logits = predict(predict_fn, params, feats, task.kind, cfg.batch_size, mesh,
+                         should_stop=final_stop)
+        if logits is None:
+          raise guards.Preempted.during_final_predictions(step)
+        if jax.process_index() == 0:
+          predict_lib.write(workdir_path / f"predict_{name}.jsonl",
+                            predict_lib.records(task, examples, feats, logits, cfg))
+      record["predicted"] = {name: len(examples) for name, examples, _ in to_predict}
   print(json.dumps(record), flush=True)
   return record
 
 
 def _epoch_end_unevaluated(cfg, step: int, workdir: epath.Path) -> bool:
-  """Whether a resumed run starts at an epoch's end whose evaluation a stop
-  (SIGTERM, Ctrl-C) skipped: no eval_<step>.json there."""
-  return (0 < step < cfg.num_train_steps and step % cfg.steps_per_epoch == 0
+  """Whether a resumed run starts at an epoch's end (or the last step) whose
+  evaluation a stop (SIGTERM, Ctrl-C) skipped: no eval_<step>.json there."""
+  return (0 < step <= cfg.num_train_steps
+          and (step % cfg.steps_per_epoch == 0 or step == cfg.num_train_steps)
           and not (workdir / f"eval_{step}.json").exists())
 
 
@@ -418,9 +445,11 @@ def _initial_state(model, tx, cfg, abstract_params, shardings, loaded, mesh):
 
 
 def evaluate(cfg, task, predict_fn, params, eval_feats, mesh, step: int,
-             workdir: epath.Path, writer, *, saved=None) -> dict[str, Any]:
+             workdir: epath.Path, writer, *, saved=None, should_stop=None
+             ) -> dict[str, Any] | None:
   """Scores the eval split with ``predict_fn`` (``predict_step``); writes
-  eval_<step>.json and predictions_<split>.jsonl.
+  eval_<step>.json and predictions_<split>.jsonl; None when ``should_stop``
+  said to stop (nothing written).
 
   ``saved``: the checkpoint's config, when a finished run is evaluated again.
   The run's own record is then never replaced by one that says something
@@ -429,7 +458,10 @@ def evaluate(cfg, task, predict_fn, params, eval_feats, mesh, step: int,
   eval_<step>-2.json (-3 ...) with ``config_changes``, its predictions to
   predictions_<split>-2.jsonl; the same record rewrites the same files.
   """
-  logits = predict(predict_fn, params, eval_feats, task.kind, cfg.batch_size, mesh)
+  logits = predict(predict_fn, params, eval_feats, task.kind, cfg.batch_size, mesh,
+                   should_stop=should_stop)
+  if logits is None:
+    return None
   scores, records = predict_lib.score(task, task.eval, eval_feats, logits, cfg)
   record = {"step": step, "epoch": round(step / cfg.steps_per_epoch, 3), **scores,
             "main_metric": cfg.main_metric, "num_examples": len(task.eval)}
