@@ -90,9 +90,9 @@ class MetricWriter:
         self._tb = None
 
   def flush_from_step(self, step: int) -> None:
-    """Uploads at the first row whose step is ``step`` or later (the train
-    loop calls it at each checkpoint: its row is written a step late, and a
-    run resumed from the checkpoint must find every row up to it)."""
+    """Uploads at the first row whose step is ``step`` or later (for a
+    caller that writes a checkpoint's row after the checkpoint; the train
+    loop writes it before and calls ``flush``)."""
     self._flush_from = int(step)
 
   def flush(self) -> None:

@@ -372,14 +372,19 @@ def _train_and_evaluate(config, workdir, stop_at_step, preemption):
   preemption.catch_interrupt()  # Ctrl-C from here on: a checkpoint, then stop
 
   def save(step, state):
-    nonlocal previous, saved_step
+    nonlocal previous, saved_step, pending
     if previous is not None:
       nonfinite.check(*previous)  # never checkpoint a step that went bad
       previous = None
+    # The step's row goes out (uploaded too) before its checkpoint can commit:
+    # a run killed after the commit resumes past this step and never logs it.
+    if pending is not None:
+      progress_lib.write_train_metrics(writer, progress, schedule, *pending, labels)
+      pending = None
+    writer.flush()
     checkpointer.save(step, state, train_iter.get_state(), config,
                       prepared.fingerprint)
     saved_step = step
-    writer.flush_from_step(step)
 
   try:
     with sharding.use_mesh(mesh):
@@ -415,15 +420,11 @@ def _train_and_evaluate(config, workdir, stop_at_step, preemption):
             periodic = (step, record)
             best.offer(step, record.get("loss", record["mlm_loss"]), state,
                        train_iter.get_state(), config, prepared.fingerprint)
-        if stopping:
-          if pending is not None:  # its row, else the resumed run never logs it
-            progress_lib.write_train_metrics(writer, progress, schedule, *pending, labels)
+        if stopping:  # saved above, its row with it
           checkpointer.wait()
           raise guards.Preempted(step)
       if previous is not None:
         nonfinite.check(*previous)
-      if pending is not None:
-        progress_lib.write_train_metrics(writer, progress, schedule, *pending, labels)
   finally:
     writer.close()
     checkpointer.close()

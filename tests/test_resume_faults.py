@@ -25,7 +25,7 @@ from bertjax import state as state_lib
 from bertjax import train
 
 from test_resilience import assert_states_equal, cli_args, restore
-from test_train import small_config
+from test_train import read_metrics, small_config
 from tree_snapshot import tree_hash
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -411,3 +411,41 @@ class _Dict(dict):
 
   def to_dict(self):
     return dict(self)
+
+
+# --- a kill right after a checkpoint commits ---------------------------------
+
+class Killed(BaseException):
+  """Stands for SIGKILL: nothing of the run's own handles it."""
+
+
+def test_a_kill_right_after_a_checkpoint_commits_loses_no_row(
+    tmp_path, trained, demo_config, demo_data, monkeypatch):
+  config = tiny(demo_config, demo_data)
+  workdir = str(tmp_path)
+  metrics = os.path.join(workdir, "metrics.jsonl")
+  left = []
+  original = checkpointing.Checkpointer.save
+
+  def save_then_die(self, step, *args, **kwargs):
+    original(self, step, *args, **kwargs)
+    self.wait()  # committed: checkpoints/<step> is there
+    # What a kill leaves is what is on disk now; the finally blocks the
+    # exception runs must not count.
+    left.append(open(metrics, "rb").read() if os.path.exists(metrics) else b"")
+    raise Killed
+
+  monkeypatch.setattr(checkpointing.Checkpointer, "save", save_then_die)
+  with pytest.raises(Killed):
+    train.train_and_evaluate(config, workdir)
+  monkeypatch.undo()
+  assert checkpointing.Checkpointer(workdir).all_steps() == [10]
+  with open(metrics, "wb") as f:
+    f.write(left[0])
+
+  train.train_and_evaluate(config, workdir)
+  timing = {"tokens_per_sec", "mfu"}  # wall-clock rates, never reproducible
+  got, want = ([{k: v for k, v in r.items() if k not in timing}
+                for r in read_metrics(w) if "loss" in r] for w in (workdir, trained))
+  assert [r["step"] for r in got] == [10, 20]  # each step once, 10 included
+  assert got == want
