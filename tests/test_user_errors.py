@@ -85,6 +85,10 @@ def test_optimizer_and_loop_numbers_that_would_train_wrongly_are_refused(
     ("ernie", "ernie_phrase_min_pmi", float("nan"), r"ernie_phrase_min_pmi=nan is invalid"),
     ("ernie", "knowledge_fit_documents", 0, r"knowledge_fit_documents=0 is invalid"),
     ("deberta", "pos_att_type", "c2x", "pos_att_type"),
+    # Trained without position terms, then failed only at export (no
+    # relative/embedding to map).
+    ("deberta", "pos_att_type", "", r"^pos_att_type='' names no position term.*"
+     r"--config.pos_att_type=c2p, p2c or 'p2c\|c2p'\.$"),
     ("unilm", "unilm_mask_rates", (0.5, 0.5), "unilm_mask_rates="),
     ("xlnet", "partial_prediction_k", 0, "partial_prediction_k=0"),
 ])

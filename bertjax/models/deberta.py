@@ -304,7 +304,14 @@ def check_fields(fields: Mapping[str, Any]) -> None:
   Raises:
     ValueError: one sentence naming the field and the fix.
   """
-  position_terms(fields.get("pos_att_type", "p2c|c2p"))
+  value = fields.get("pos_att_type", "p2c|c2p")
+  if not position_terms(value):
+    # Without c2p or p2c the relative attention is gone (and with it, unless
+    # position_biased_input, every position signal); export has nothing to map.
+    raise ValueError(
+        f"pos_att_type={value!r} names no position term, which bertjax's DeBERTa "
+        "needs for its relative attention; set --config.pos_att_type=c2p, p2c "
+        "or 'p2c|c2p'.")
   norm = str(fields.get("norm_rel_ebd", "layer_norm"))
   if norm not in NORM_REL_EBD:
     raise ValueError(f"norm_rel_ebd={norm!r} is not one of {', '.join(NORM_REL_EBD)}; "
