@@ -231,11 +231,48 @@ def quiet_libraries() -> None:
   tfds.disable_progress_bar()
 
 
+def _store_errors() -> tuple[type[BaseException], ...]:
+  """The exception types that mean the object store could not be reached or
+  would not take this machine's credentials (their modules come with gcsfs)."""
+  found = []
+  try:
+    import aiohttp  # pylint: disable=g-import-not-at-top
+    found.append(aiohttp.ClientConnectionError)
+  except ImportError:
+    pass
+  try:
+    from google.auth import exceptions  # pylint: disable=g-import-not-at-top
+    found += [exceptions.DefaultCredentialsError, exceptions.RefreshError,
+              exceptions.TransportError]
+  except ImportError:
+    pass
+  return tuple(found)
+
+
+def unreachable_store(error: BaseException) -> str | None:
+  """One sentence for an error, or one it was raised from, that says the
+  object store (gs://) could not be reached or refused the credentials; None
+  for any other error. gcsfs retries for about a minute before raising it,
+  and its traceback says nothing of what to do."""
+  kinds = _store_errors()
+  seen = set()
+  while kinds and error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if isinstance(error, kinds):
+      detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+      return (f"cannot reach the object store for a gs:// path ({detail}); check this "
+              "machine's network and credentials (gcloud auth application-default "
+              "login, or a service account on the VM), or use local paths.")
+    error = error.__cause__ or error.__context__
+  return None
+
+
 def run(main) -> None:
   """``app.run`` with the friendly flag parser, turning a ValueError raised by
   bertjax (bad input, refused before any device work) into one line, and a
   training run stopped by SIGTERM or Ctrl-C (``guards.Preempted``, e.g. inside
-  ``bertjax.study``) into its message and exit status."""
+  ``bertjax.study``) into its message and exit status, and an object store
+  that cannot be reached (``unreachable_store``) into one line, status 1."""
   from bertjax import guards
 
   def wrapped(argv):
@@ -252,5 +289,11 @@ def run(main) -> None:
       hint = "" if "--" in str(e) or "; " in str(e) else " (run with -v 1 for the traceback)"
       print(f"error: {e}{hint}", file=sys.stderr)
       return 2
+    except Exception as e:  # noqa: BLE001 — only the object store's failures are caught.
+      said = None if flags.FLAGS["verbosity"].present else unreachable_store(e)
+      if said is None:
+        raise
+      print(f"error: {said}", file=sys.stderr)
+      return 1
 
   app.run(wrapped, flags_parser=parse_flags)

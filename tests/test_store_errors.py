@@ -1,0 +1,44 @@
+"""A gs:// path on a machine that cannot reach Cloud Storage, or whose
+credentials it refuses, ends in one line, not gcsfs's traceback."""
+
+import subprocess
+import sys
+
+import aiohttp
+from google.auth import exceptions as auth_exceptions
+
+from bertjax import cli
+
+
+def test_store_failures_are_told_apart_from_other_errors():
+  try:
+    try:
+      raise aiohttp.ClientConnectionError("Cannot connect to host storage.googleapis.com:443")
+    except aiohttp.ClientConnectionError as e:
+      raise RuntimeError("listing gs://bucket/run1 failed") from e
+  except RuntimeError as e:
+    wrapped = e
+  said = cli.unreachable_store(wrapped)
+  assert said.startswith("cannot reach the object store for a gs:// path (Cannot connect "
+                         "to host storage.googleapis.com:443); check"), said
+  assert "gcloud auth application-default login" in said
+  assert cli.unreachable_store(auth_exceptions.DefaultCredentialsError("none found"))
+  assert cli.unreachable_store(RuntimeError("something else")) is None
+  assert cli.unreachable_store(OSError("disk")) is None
+
+
+def test_a_binary_says_it_in_one_line_with_status_1(tmp_path):
+  script = tmp_path / "main.py"
+  script.write_text(
+      "import aiohttp\n"
+      "from bertjax import cli\n"
+      "def main(argv):\n"
+      "  raise aiohttp.ClientConnectionError('Cannot connect to host "
+      "storage.googleapis.com:443')\n"
+      "cli.run(main)\n")
+  proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                        cwd=tmp_path, timeout=120)
+  assert proc.returncode == 1, proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr
+  assert proc.stderr.strip().splitlines()[-1].startswith(
+      "error: cannot reach the object store for a gs:// path (Cannot connect"), proc.stderr
