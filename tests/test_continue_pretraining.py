@@ -55,3 +55,28 @@ def test_imported_model_continues_pretraining(hf_bert, tmp_path, demo_config):  
   again = evaluation.evaluate_checkpoint(config, workdir)
   assert again["step"] == 3
   assert again["mlm_accuracy"] == pytest.approx(record["mlm_accuracy"], rel=1e-5)
+
+
+def test_bert_imported_with_an_mlm_only_config_continues_without_nsp(
+    hf_bert, tmp_path):  # noqa: F811
+  # configs/roberta.py continues a BERT without NSP: the import saves the
+  # params of that config's model (no pooler/NSP), reporting the HF heads as
+  # ignored, so that bertjax.main resumes the workdir.
+  base = config_files.shipped("roberta").get_config("tiny")
+  workdir = str(tmp_path / "mlm_only")
+  report = workdir_lib.import_hf(hf_bert[0], workdir, base)
+  assert report.initialised == [] and report.config.sentence_head is False
+  assert {n.split(".")[1] for n in report.unused} == {"pooler", "seq_relationship"}
+  _, params, _ = workdir_lib.load_params(workdir, step=0)
+  assert "nsp" not in params and "pooler" not in params
+  config = hf_config.get_config(workdir)
+  config.data_dir = str(tmp_path / "data")
+  config.batch_size = 8
+  config.max_predictions_per_seq = 6
+  config.num_train_steps = 2
+  config.warmup_steps = 1
+  config.log_every_steps = 1
+  config.checkpoint_every_steps = 2
+  config.eval_max_batches = 1
+  record = train.train_and_evaluate(config, workdir)
+  assert record["step"] == 2 and np.isfinite(record["mlm_loss"])

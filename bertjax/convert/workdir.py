@@ -117,6 +117,21 @@ def _read_fields(hf_dir: str):
   return mapping, fields, companion
 
 
+# Model choices of the base config that an HF config.json does not make: the
+# checkpoint is saved with the params of the model the config builds (BERT
+# with configs/roberta.py: no pooler/NSP; those HF tensors are then ignored).
+_BASE_CHOICES = ("sentence_head",)
+
+
+def _with_base_choices(read, base_config):
+  """``_read_fields``' result with the base config's ``_BASE_CHOICES`` added
+  where the HF fields leave them out, as the saved config will have them."""
+  mapping, fields, companion = read
+  choices = {k: base_config[k] for k in _BASE_CHOICES
+             if k not in fields and k in base_config}
+  return mapping, {**fields, **choices}, companion
+
+
 def base_config_name(mapping) -> str:
   """The shipped config an import of ``mapping``'s models starts from."""
   return getattr(mapping, "BASE_CONFIG", mapping.BERTJAX_MODEL)
@@ -277,7 +292,7 @@ def import_hf(hf_dir: str, workdir: str, base_config) -> ImportReport:
   if checkpoints.is_dir() and any(checkpoints.iterdir()):
     raise ValueError(
         f"{workdir} already has checkpoints; pass a new --workdir to import into.")
-  read = _read_fields(hf_dir)
+  read = _with_base_choices(_read_fields(hf_dir), base_config)
   _check_objective(base_config, *read[:2])
   # The config records where the files end up, not where they are staged.
   tok_dir = str(workdir / TOKENIZER_DIR)
