@@ -262,7 +262,8 @@ def check_workdir_kind(newest, config, workdir: str, *, evaluating: bool = False
 
 
 def check(saved: Mapping[str, Any], config, where: str, *,
-          layout_only: bool = False, evaluating: bool = False) -> list[Change]:
+          layout_only: bool = False, evaluating: bool = False,
+          imported: bool = False) -> list[Change]:
   """Refuses a resume whose config changes the layout or, unallowed, the stream.
 
   Args:
@@ -272,6 +273,9 @@ def check(saved: Mapping[str, Any], config, where: str, *,
     layout_only: refuse layout changes only (evaluating a checkpoint).
     evaluating: the refusal's way out is to evaluate with the saved values
       (``bertjax.evaluate``), not to resume or to train afresh.
+    imported: the checkpoint is an untrained import (``is_import`` at step
+      0): the way out is to import again with the wanted config, which keeps
+      the imported weights, not to train from scratch.
 
   Returns:
     The accepted changes (safe ones and allowed stream ones), for the log.
@@ -289,16 +293,17 @@ def check(saved: Mapping[str, Any], config, where: str, *,
     other = any(c.field in _VARIANT_FIELDS or c.new is ABSENT for c in layout) or (
         len(layout) > 1 and any(c.field == "objective" for c in layout))
     named = _config_file(saved) if other else None
+    afresh = (_import_again(saved, config) if imported and not evaluating
+              else "a new --workdir to train this config from scratch")
     if named and evaluating:
       way_out = f"pass {named}, the config it was trained with, to evaluate it"
     elif named:
       way_out = (f"pass {named}, the config it was trained with, to resume it, "
-                 "or a new --workdir to train this config from scratch")
+                 f"or {afresh}")
     elif evaluating:
       way_out = f"pass {_flags(layout)} to evaluate it with the config it was trained with"
     else:
-      way_out = (f"keep {_flags(layout)} to resume it, or pass a new --workdir to "
-                 "train this config from scratch")
+      way_out = f"keep {_flags(layout)} to resume it, or pass {afresh}"
     raise IncompatibleCheckpoint(
         f"{where} was trained with {_listing(layout, 'saved')} but the config "
         f"says {_listing(layout, 'new')}, which changes the saved state's "
@@ -316,6 +321,26 @@ def check(saved: Mapping[str, Any], config, where: str, *,
         f"it was, pass --config.allow_changes={names} to resume with the "
         "change, or pass a new --workdir.")
   return changes
+
+
+def is_import(saved: Mapping[str, Any]) -> bool:
+  """Whether a checkpoint's config was written by an HF import
+  (bertjax/convert/workdir.py records the vocabulary reordering)."""
+  return bool(saved.get("hf_special_ids"))
+
+
+def _import_again(saved: Mapping[str, Any], config) -> str:
+  """The refusal's way out for an untrained import: importing again with a
+  config of the wanted objective saves that config's heads."""
+  from bertjax import config_files  # pylint: disable=import-outside-toplevel
+  objective = config.get("objective")
+  named = next((f"--config=configs/{name}.py:<size>"
+                for name in config_files.shipped_names() if name not in ("hf", "finetune")
+                if config_files.shipped(name).get_config().get("objective") == objective
+                and config_files.shipped(name).get_config().get("model") == saved.get("model")),
+               "--config set to the config of the wanted objective")
+  return (f"--workdir a new directory and import the Hugging Face model again "
+          f"(python -m bertjax.convert) with {named}, which keeps its weights")
 
 
 # Fields only a config file of another variant (or an import) changes.

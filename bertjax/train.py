@@ -266,7 +266,8 @@ def train_and_evaluate(config, workdir: str, *,
     compat.check_workdir_kind(newest, config, workdir)
     if newest is not None:  # read-only: a refusal leaves the workdir as it was
       newest_step, saved, where = newest
-      compat.check(saved, config, where, layout_only=newest_step == 0)
+      compat.check(saved, config, where, layout_only=newest_step == 0,
+                   imported=newest_step == 0 and compat.is_import(saved))
     # After the comparison, whose message is the clearer one where an
     # objective is set on another system's workdir.
     config_validation.check_variant(config)

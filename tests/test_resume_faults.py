@@ -385,6 +385,20 @@ def test_a_layout_refusal_when_evaluating_says_to_evaluate_with_the_saved_config
     compat.check(saved, config, "The checkpoint", layout_only=True)
 
 
+def test_an_untrained_import_is_sent_to_import_again_not_from_scratch():
+  # Training from scratch would throw the imported weights away; an import
+  # with configs/roberta.py saves the MLM-only model instead.
+  saved = {"model": "bert", "objective": "bert", "hf_special_ids": [0, 1, 2, 3, 4]}
+  config = _Dict(model="bert", objective="mlm_only", hf_special_ids=[0, 1, 2, 3, 4])
+  assert compat.is_import(saved)
+  with pytest.raises(compat.IncompatibleCheckpoint) as e:
+    compat.check(saved, config, "The checkpoint", layout_only=True, imported=True)
+  message = str(e.value)
+  assert "import the Hugging Face model again" in message, message
+  assert "--config=configs/roberta.py:<size>" in message, message
+  assert "from scratch" not in message, message
+
+
 def test_another_variants_checkpoint_is_sent_to_its_config_file():
   # The flags named used to be ones this config lacks (Unknown config field
   # 'embedding_size' when followed); an import's have no file of their own.
