@@ -374,6 +374,16 @@ class HfTokenizer:
         [p.startswith(start) if start else not (cont and p.startswith(cont))
          for p in pieces], dtype=bool)
     self._word_start[:batch_lib.NUM_SPECIAL_TOKENS] = True
+    # What goes before a sentence that follows another in a document, so that
+    # sentences encoded one by one read as the running text does. A byte-level
+    # BPE without add_prefix_space (RoBERTa, GPT-2) gives a text's first word
+    # no '\u0120': encoded alone, a sentence would be glued to the one before
+    # ('mat.Then') and its first word would begin no word. The probe asks the
+    # tokenizer itself: WordPiece, sentencepiece and prefix-adding BPEs drop
+    # or already add the space ("" for them).
+    self.sentence_prefix = (
+        " " if self._tok.encode_batch([" a"], add_special_tokens=False)[0].ids
+        != self._tok.encode_batch(["a"], add_special_tokens=False)[0].ids else "")
 
   def _add_specials(self, directory: str, special: Sequence[str]) -> None:
     if self._kind == "sentencepiece":

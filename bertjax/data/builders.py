@@ -247,6 +247,16 @@ def tokenize_documents(docs: Iterable[Document], tok: tokenizer_lib.Tokenizer,
     a ``marker`` also phrase_starts and entity_starts bool [n].
   """
   reader = knowledge_lib.WordReader(tok) if marker is not None else None
+  prefix = getattr(tok, "sentence_prefix", "")
+
+  def spaced(sents):
+    # A sentence after another reads as in the running text: with its
+    # whitespace before it (HfTokenizer.sentence_prefix; "" for most).
+    out, started = [], False
+    for s in sents:
+      out.append(prefix + s if prefix and started and s and not s[0].isspace() else s)
+      started = started or bool(s)
+    return out
 
   def encode(flat):
     # Bounded batches: one huge document must not become one huge call.
@@ -254,17 +264,22 @@ def tokenize_documents(docs: Iterable[Document], tok: tokenizer_lib.Tokenizer,
       yield from tok.encode_batch(flat[start:start + _ENCODE_SENTENCES])
 
   def flush(chunk):
-    encoded = encode([s for _, sents in chunk for s in sents])
+    encoded = encode([s for _, sents in chunk for s in spaced(sents)])
     for index, sents in chunk:
       pieces = [next(encoded) for _ in sents]
       pieces = [p for p in pieces if p.size]
       tokens = np.concatenate(pieces) if pieces else np.zeros([0], np.int32)
       if tokens.size < 2:
         continue
+      lengths = np.array([p.size for p in pieces], np.int32)
+      word_starts = tok.word_starts(tokens)
+      # A sentence's first piece begins a word, marked or not (a document's
+      # first word has no '\u0120' in a byte-level BPE, as in transformers).
+      word_starts[np.cumsum(lengths) - lengths] = True
       example = {
           "tokens": tokens,
-          "word_starts": tok.word_starts(tokens),
-          "sentence_lengths": np.array([p.size for p in pieces], np.int32),
+          "word_starts": word_starts,
+          "sentence_lengths": lengths,
       }
       if marker is not None:
         example.update(marker.mark(example, reader))

@@ -37,6 +37,17 @@ UNK_WARN_RATE = 0.001
 VERSION = "1.0.0"
 
 
+def sentence_prefix(tok) -> str:
+  """What the tokenizer puts before a document's non-initial sentences
+  (HfTokenizer.sentence_prefix). Shards record it when it is not "": those of
+  a byte-level BPE tokenized before it existed glued each sentence to the one
+  before and are refused, not reused (their tokenizer fingerprint is the same,
+  and is kept so that converted checkpoints still match). Shards of the
+  tokenizers with "" (WordPiece, sentencepiece, bertjax's own) are unchanged
+  by it and stay valid, so VERSION is not bumped."""
+  return getattr(tok, "sentence_prefix", "")
+
+
 @dataclasses.dataclass(frozen=True)
 class PreparedData:
   """What ``prepare`` made: where the shards and tokenizer are, and their sizes.
@@ -132,7 +143,10 @@ def _tokenize(config, data_dir: str, name: str, tok, sources, spans,
   dataset_dir = os.path.join(data_dir, "bertjax_tokenized", name, VERSION)
   plan = hashlib.sha256("|".join(
       [tok.fingerprint, spans.fingerprint() if spans else "", str(engine.block_bytes)]
-      + [f"{s}={v.source}" for s, v in sources.items()]).encode()).hexdigest()[:16]
+      + [f"{s}={v.source}" for s, v in sources.items()]
+      # Staged units of the old sentence-by-sentence BPE encoding are redone.
+      + ([f"sentence_prefix={sentence_prefix(tok)!r}"] if sentence_prefix(tok) else [])
+      ).encode()).hexdigest()[:16]
   stage = staged.Stage(dataset_dir, "bertjax_tokenized", plan)
   stage.clear_other_plans()
   tok_path = tok.path
@@ -170,6 +184,8 @@ def _tokenize(config, data_dir: str, name: str, tok, sources, spans,
       num_tokens=num_tokens, num_unk=num_unk)
   if spans:
     metadata["knowledge_fingerprint"] = spans.fingerprint()
+  if sentence_prefix(tok):
+    metadata["sentence_prefix"] = sentence_prefix(tok)
   stage.publish(len(tasks), [builders.split_key(s) for s in sources],
                 builders.tokenized_features(spans is not None), metadata,
                 "Tokenized documents: ids, word starts, sentence lengths.")
@@ -189,6 +205,13 @@ def prepare_shards(config, data_dir: str, name: str, tok, sources, spans,
           f"Shards in {dataset_dir} were made by tokenizer {fingerprint} but "
           f"{tok.path} is {tok.fingerprint}; point --config.data_dir at a new "
           f"directory (or restore the tokenizer the shards were made with).")
+    if stored.metadata.get("sentence_prefix", "") != sentence_prefix(tok):
+      raise ValueError(
+          f"Shards in {dataset_dir} were tokenized by an older bertjax that "
+          f"encoded each sentence of {tok.path}'s byte-level BPE without the "
+          f"space before it (sentences glued, their first words not word "
+          f"starts); point --config.data_dir at a new directory to tokenize "
+          f"them again.")
     missing = [s for s in sources if builders.split_key(s) not in stored.splits]
     if missing:
       raise ValueError(

@@ -110,6 +110,9 @@ class Tokenizer:
     proto = sentencepiece_model_pb2.ModelProto()
     proto.ParseFromString(model)
     self.byte_fallback = proto.trainer_spec.byte_fallback
+    # sentencepiece gives every text its dummy-prefix '\u2581', so a sentence
+    # encoded alone already begins a word (see HfTokenizer.sentence_prefix).
+    self.sentence_prefix = ""
     for want, piece in enumerate(batch_lib.SPECIAL_TOKENS):
       if self._sp.id_to_piece(want) != piece:
         raise ValueError(
