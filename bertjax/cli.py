@@ -212,9 +212,13 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 class _BertjaxInfoOnly(logging.Filter):
-  """Keeps bertjax's INFO lines and every library's warnings and errors."""
+  """Keeps bertjax's INFO lines and every library's warnings and errors; gcsfs's
+  retry errors lose their traceback (the error is raised after them, and a
+  binary says it in one line: ``unreachable_store``)."""
 
   def filter(self, record: logging.LogRecord) -> bool:
+    if record.name.startswith("gcsfs") and record.exc_info:
+      record.exc_info, record.exc_text = None, None
     return (record.levelno >= logging.WARNING
             or f"{os.sep}bertjax{os.sep}" in record.pathname)
 

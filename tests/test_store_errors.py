@@ -30,11 +30,18 @@ def test_store_failures_are_told_apart_from_other_errors():
 def test_a_binary_says_it_in_one_line_with_status_1(tmp_path):
   script = tmp_path / "main.py"
   script.write_text(
+      "import logging\n"
       "import aiohttp\n"
       "from bertjax import cli\n"
       "def main(argv):\n"
-      "  raise aiohttp.ClientConnectionError('Cannot connect to host "
+      "  error = aiohttp.ClientConnectionError('Cannot connect to host "
       "storage.googleapis.com:443')\n"
+      "  try:\n"
+      "    raise error\n"
+      "  except aiohttp.ClientConnectionError:\n"
+      "    # As gcsfs's retry logs it, before it raises the error.\n"
+      "    logging.getLogger('gcsfs').error('_request out of retries', exc_info=True)\n"
+      "  raise error\n"
       "cli.run(main)\n")
   proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                         cwd=tmp_path, timeout=120)
