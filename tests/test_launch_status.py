@@ -41,26 +41,34 @@ def _until(condition, what, seconds=20):
     time.sleep(0.02)
 
 
+def _repository_and_python(tmp_path, python3_body):
+  """(origin, home, bin_dir, rev): a repository of one commit to clone, an
+  empty HOME and a bin directory holding the stand-in python3 given."""
+  origin, home, bin_dir = tmp_path / "origin", tmp_path / "home", tmp_path / "bin"
+  home.mkdir()
+  bin_dir.mkdir()
+  _git(tmp_path, "init", "-q", str(origin))
+  (origin / "f.txt").write_text("1")
+  _git(origin, "add", "f.txt")
+  _git(origin, "commit", "-qm", "one")
+  rev = subprocess.run(["git", "-C", str(origin), "rev-parse", "HEAD"],
+                       capture_output=True, text=True, check=True).stdout.strip()
+  python3 = bin_dir / "python3"
+  python3.write_text(python3_body)
+  python3.chmod(0o755)
+  return origin, home, bin_dir, rev
+
+
 class Worker:
   """Worker 0: its HOME, a repository to clone and the stand-in python3."""
 
   def __init__(self, tmp_path):
-    self.home, bin_dir, self.origin = tmp_path / "home", tmp_path / "bin", tmp_path / "origin"
-    self.home.mkdir()
-    bin_dir.mkdir()
-    _git(tmp_path, "init", "-q", str(self.origin))
-    (self.origin / "f.txt").write_text("1")
-    _git(self.origin, "add", "f.txt")
-    _git(self.origin, "commit", "-qm", "one")
-    self.rev = subprocess.run(["git", "-C", str(self.origin), "rev-parse", "HEAD"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-    python3 = bin_dir / "python3"
-    python3.write_text(
+    self.origin, self.home, bin_dir, self.rev = _repository_and_python(
+        tmp_path,
         '#!/bin/bash\n[ "$1 $2" = "-m pip" ] && exit "$(cat ~/pip-exit 2>/dev/null || echo 0)"\n'
         'echo "train $*" >> ~/trainings; echo "stand-in training"\n'
         'while [ -e ~/hold ]; do sleep 0.02; done\n'
         'exit "$(cat ~/exit 2>/dev/null || echo 0)"\n')
-    python3.chmod(0o755)
     self.env = {"HOME": str(self.home), "PATH": f"{bin_dir}:{os.environ['PATH']}",
                 "TPU_WORKER_ID": "0"}
 
@@ -290,19 +298,9 @@ def test_a_reported_install_failure_shows_no_earlier_trainings_log(worker):
 def test_worker_script_checks_out_the_commit_and_reports_the_status(tmp_path):
   """The worker script itself, run by bash against a local repository and a
   stand-in python3 (pip succeeds; 'training' prints its commit and argv)."""
-  origin, home, bin_dir = tmp_path / "origin", tmp_path / "home", tmp_path / "bin"
-  home.mkdir()
-  bin_dir.mkdir()
-  _git(tmp_path, "init", "-q", str(origin))
-  (origin / "f.txt").write_text("1")
-  _git(origin, "add", "f.txt")
-  _git(origin, "commit", "-qm", "one")
-  rev = subprocess.run(["git", "-C", str(origin), "rev-parse", "HEAD"],
-                       capture_output=True, text=True, check=True).stdout.strip()
-  python3 = bin_dir / "python3"
-  python3.write_text('#!/bin/bash\n[ "$1 $2" = "-m pip" ] && exit 0\n'
-                     'echo "train at $(git rev-parse HEAD): $*"; exit ${FAKE_EXIT:-0}\n')
-  python3.chmod(0o755)
+  origin, home, bin_dir, rev = _repository_and_python(
+      tmp_path, '#!/bin/bash\n[ "$1 $2" = "-m pip" ] && exit 0\n'
+      'echo "train at $(git rev-parse HEAD): $*"; exit ${FAKE_EXIT:-0}\n')
   train = gcloud.train_argv("configs/bert.py:large", WORKDIR, ["--config.seed=3"])
   script = gcloud.remote_script(str(origin), rev, train)
 
@@ -335,19 +333,9 @@ def test_training_outlives_a_dropped_session_and_a_rerun_follows_it(tmp_path):
   """The worker script trains detached: killing its session (a dropped ssh)
   leaves the training running, and the same script run again follows that
   training to its status instead of starting a second one."""
-  origin, home, bin_dir = tmp_path / "origin", tmp_path / "home", tmp_path / "bin"
-  home.mkdir()
-  bin_dir.mkdir()
-  _git(tmp_path, "init", "-q", str(origin))
-  (origin / "f.txt").write_text("1")
-  _git(origin, "add", "f.txt")
-  _git(origin, "commit", "-qm", "one")
-  rev = subprocess.run(["git", "-C", str(origin), "rev-parse", "HEAD"],
-                       capture_output=True, text=True, check=True).stdout.strip()
-  python3 = bin_dir / "python3"
-  python3.write_text('#!/bin/bash\n[ "$1 $2" = "-m pip" ] && exit 0\n'
-                     'echo "train started"; sleep 3; echo "train ended"; exit 75\n')
-  python3.chmod(0o755)
+  origin, home, bin_dir, rev = _repository_and_python(
+      tmp_path, '#!/bin/bash\n[ "$1 $2" = "-m pip" ] && exit 0\n'
+      'echo "train started"; sleep 3; echo "train ended"; exit 75\n')
   script = gcloud.remote_script(str(origin), rev, gcloud.train_argv("c.py", "gs://b", []))
   env = {"HOME": str(home), "PATH": f"{bin_dir}:{os.environ['PATH']}",
          "TPU_WORKER_ID": "0"}
