@@ -267,3 +267,34 @@ def test_bare_debertav2model_gets_a_fresh_mlm_head(hf_model, tmp_path):
   assert "mlm_logits" not in out
   full = api.load(path).encode(["the cat sat on the mat"], mlm=False)
   np.testing.assert_array_equal(out["hidden"], full["hidden"])
+
+
+def test_an_sop_config_keeps_its_sentence_head_fresh(hf_model, tmp_path):
+  # configs/deberta.py:tiny+sop continues an HF DeBERTa with SOP: the import
+  # saves the params of that config's model (pooler and SOP head freshly
+  # initialised and reported, as for BERT), keeps sentence_head in the
+  # saved config, and the export leaves the head out as before.
+  from bertjax import config_files
+  kind, path, _ = hf_model
+  if kind != "v3":
+    pytest.skip("one model is enough")
+  base = config_files.shipped("deberta").get_config("tiny+sop")
+  workdir = str(tmp_path / "sop")
+  report = workdir_lib.import_hf(path, workdir, base)
+  assert report.config.sentence_head is True and report.config.objective == "albert"
+  assert sorted(report.initialised) == ["pooler", "sop"] and report.unused == []
+  with open(os.path.join(workdir, "config.json")) as f:
+    assert json.load(f)["sentence_head"] is True
+  _, params, _ = workdir_lib.load_params(workdir, step=0)
+  hidden = KINDS[kind]["hidden_size"]
+  assert params["pooler"]["kernel"].shape == (hidden, hidden)
+  assert params["sop"]["kernel"].shape == (hidden, 2)
+  assert np.abs(params["sop"]["kernel"]).max() > 0  # initialised, not zeros
+  out = str(tmp_path / "hf")
+  workdir_lib.export_hf(workdir, out)
+  exported = safetensors_numpy.load_file(os.path.join(out, "model.safetensors"))
+  original = safetensors_numpy.load_file(os.path.join(path, "model.safetensors"))
+  assert set(exported) == set(original) - {"cls.predictions.decoder.weight",
+                                           "cls.predictions.decoder.bias"}
+  # Without a base config (bertjax.load of the HF directory) there is no head.
+  assert "pooler" not in workdir_lib.load_hf(path)[1]

@@ -120,6 +120,12 @@ def fresh_params(shapes: Mapping[str, Any], paths: list[tuple[str, ...]],
   return out
 
 
+def _leaf_paths(tree: Mapping[str, Any]) -> list[tuple[str, ...]]:
+  """The key paths of a nested dict's leaves."""
+  return [(k, *rest) for k, v in tree.items()
+          for rest in (_leaf_paths(v) if isinstance(v, Mapping) else [()])]
+
+
 def param_shapes(model) -> dict[str, Any]:
   """The params tree of ``model`` as jax.ShapeDtypeStruct leaves (no compute)."""
   import jax
@@ -172,7 +178,8 @@ def hf_to_params(mapping: ModuleType, config: Mapping[str, Any],
     tensors: HF name -> numpy array, as saved (any float dtype).
     shapes: the params tree of the model with shape-carrying leaves
       (``param_shapes``).
-    seed: initialises the heads the checkpoint lacks (``fresh_params``).
+    seed: initialises the heads the checkpoint lacks (``fresh_params``),
+      and the mapping's ``FRESH_ONLY`` parts that the model has.
     order: the vocabulary reordering (``rules.vocab_order``) or None.
 
   Returns:
@@ -212,6 +219,14 @@ def hf_to_params(mapping: ModuleType, config: Mapping[str, Any],
       shape = R.get_path(shapes, rule.path).shape
       array = np.asarray(found[rule.hf][1], np.float32)
       R.set_path(params, rule.path, R.to_bertjax(rule, array, shape, order))
+  for head in getattr(mapping, "FRESH_ONLY", ()):
+    # A part of the model that the HF class has no tensors for (DeBERTa's
+    # SOP head): fresh where the config builds it.
+    if head in shapes and head not in params:
+      initialised.append(head)
+      leaves = [(head, *p) for p in _leaf_paths(shapes[head])]
+      fresh = fresh_params(shapes, leaves, seed + len(initialised))
+      params[head] = fresh[head]
   unused = sorted(n for n in tensors if n not in used and n not in mapping.IGNORED
                   and mapping.BASE_PREFIX + n not in mapping.IGNORED)
   return params, initialised, unused

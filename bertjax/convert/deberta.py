@@ -27,6 +27,11 @@ head reads the last layer. So:
           last layer without EMD.
           bertjax's optional SOP head (pooler + sop) has no place in
           DebertaV2ForMaskedLM and is left out.
+Sentence head. config.json does not choose it (DebertaV2ForMaskedLM has
+none): the import saves the params of the base config's model, as for BERT
+(``workdir._with_base_choices``), so ``--config=configs/deberta.py:base+sop``
+gets a pooler and SOP head freshly initialised and reported (``FRESH_ONLY``);
+without a base config (``bertjax.load`` of an HF directory) there is none.
 Refused on import, with the reason: ``relative_attention=False`` (v1-style
 absolute attention), no position terms, the convolution of v2-xlarge/xxlarge
 (``conv_kernel_size``), an ``embedding_size`` or ``attention_head_size`` other
@@ -65,6 +70,9 @@ IGNORED = ("deberta.embeddings.position_ids", "cls.predictions.decoder.weight",
 # HF tensors with no bertjax parameter once imported (emd_layers=0) that the
 # import keeps whole for the export: the EMD's absolute position table.
 KEPT_WHOLE = ("deberta.embeddings.position_embeddings.weight",)
+# Parts of bertjax's model that no HF tensor holds: initialised afresh on
+# import where the config builds them (sentence_head), never exported.
+FRESH_ONLY = ("pooler", "sop")
 # DebertaV2Tokenizer's defaults; v3 puts them at 0 [PAD], 1 [CLS], 2 [SEP],
 # 3 [UNK] and [MASK] after the sentencepiece pieces.
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -126,7 +134,7 @@ def model_fields(hf_config: Mapping[str, Any]) -> dict[str, Any]:
       share_att_key=bool(hf_config.get("share_att_key", False)),
       norm_rel_ebd="layer_norm" if "layer_norm" in norms else "none",
       position_biased_input=bool(hf_config.get("position_biased_input", True)),
-      emd_layers=0, sentence_head=False,
+      emd_layers=0,
       hf_legacy_mlm_head=bool(hf_config.get("legacy", True)), **numerics)
   deberta_model.check_fields(fields)
   return fields
