@@ -105,3 +105,32 @@ def test_sentencepiece_imports_need_no_prefix(tmp_path, kind):
   getattr(transformers, fast).from_pretrained(str(slow_dir)).save_pretrained(str(fast_dir))
   assert (fast_dir / "tokenizer.json").exists()
   assert hf_tokenizers.HfTokenizer(str(fast_dir)).sentence_prefix == ""
+
+
+def test_pair_texts_read_as_transformers_reads_them_not_as_running_text(roberta_dir):
+  """``Model.tokenize`` encodes each text of a pair alone, as transformers'
+  tokenizer does ('The', 'n': no space before B), and fill_mask its text
+  whole; only prepare's sentences of one document get the space before them.
+  Deliberate: an import or export must read pairs as AutoTokenizer does."""
+  from bertjax import api
+  from bertjax import fill_mask
+  from bertjax.convert import roberta
+  tok = hf_tokenizers.HfTokenizer(str(roberta_dir))
+  hf = transformers.AutoTokenizer.from_pretrained(str(roberta_dir))
+  fields = roberta.model_fields(transformers.RobertaConfig(
+      vocab_size=len(hf), hidden_size=8, num_hidden_layers=1, num_attention_heads=1,
+      intermediate_size=8, max_position_embeddings=66, type_vocab_size=1,
+      pad_token_id=1).to_dict())
+  model = api.Model(fields, None, tok)  # tokenize reads no params
+  a, b = SENTENCES[:2]
+  got = tok.to_hf_ids(model.tokenize([(a, b)])["tokens"][0])
+  want = hf(a, b)["input_ids"]
+  assert got.tolist() == want
+  pieces = hf.convert_ids_to_tokens(want)
+  assert pieces[pieces.index("</s>") + 2] == "The"  # B's first word, no '\u0120'
+  masked, _ = fill_mask.mask_inputs(model, f"{a} [MASK] the dog ran home.")
+  assert tok.to_hf_ids(masked["tokens"][0]).tolist() == hf(
+      f"{a} <mask> the dog ran home.")["input_ids"]
+  [(_, example)] = list(builders.tokenize_documents([("doc", [a, b])], tok))
+  b_first = example["tokens"][example["sentence_lengths"][0]]
+  assert tok.id_to_piece(int(b_first)) == "\u0120Then"
