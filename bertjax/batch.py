@@ -42,9 +42,12 @@ Fields (dtype, shape):
   example_mask bool  [B]     False for padding examples (only the last eval
                              batch has any); their tokens are all PAD.
 
-The sentence-pair layout is exactly ``[CLS] A [SEP] B [SEP] PAD...`` so that the
-train step can rebuild a row with another example's B (NSP negatives) or with A
-and B swapped (SOP) from ``a_lengths``/``b_lengths`` alone.
+The sentence-pair layout is exactly ``[CLS] A [SEP] B [SEP] PAD...`` (or
+``[CLS] A [SEP] [SEP] B [SEP] PAD...`` where the model's tokenizer joins pairs
+so, ``config.pair_separators`` 2: bertjax/data/packing.py) so that the train
+step can rebuild a row with another example's B (NSP negatives) or with A and
+B swapped (SOP) from ``a_lengths``/``b_lengths`` alone (and the row's own
+separators, ``objectives.nsp.separators``).
 """
 
 from __future__ import annotations

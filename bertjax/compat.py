@@ -87,6 +87,8 @@ _STREAM_FIELDS = (
     "grad_clip_norm",
     # segment ids all 0 (imported RoBERTa, bertjax/convert/roberta.py)
     "single_segment",
+    # [SEP]s between a pair's segments (an import's tokenizer: data/packing.py)
+    "pair_separators",
     # Fine-tuning (configs/finetune.py): its data, rows and schedule.
     "train_files", "eval_files", "doc_stride", "max_query_tokens", "head_dropout",
     "num_epochs", "warmup_fraction", "layer_decay", "steps_per_epoch",
@@ -134,6 +136,7 @@ DEFAULTS: dict[str, Any] = {
     "initializer_range": 0.02, "microbatches": 1, "remat": "none",
     "attention_impl": "auto", "sparse_last_layer": False,
     "allow_changes": "", "restart_from_scratch": False, "single_segment": False,
+    "pair_separators": 1,
     "encoder": "bert", "gdes": False, "mixture": "",
     "unanswerable_fraction": 0.0, "no_answer": "auto", "no_answer_threshold": 0.0,
     "predict_files": "", "predict_split": "", "output_names": "", "head_activation": "tanh",

@@ -110,6 +110,10 @@ def validate(config, *, variant: bool = True, devices: int | None = None,
   for field in ("eval_every_steps", "eval_max_batches", "seed"):
     if field in config and not int(config[field]) >= 0:
       _fail(field, config[field], "it must not be negative")
+  if config.get("pair_separators", 1) not in (1, 2):  # data/packing.py
+    _fail("pair_separators", config.pair_separators,
+          "a sentence pair has 1 ([CLS] A [SEP] B) or 2 (RoBERTa's <s> A </s></s> B) "
+          "separators between its segments")
   if int(config.get("microbatches", 1)) < 1:
     _fail("microbatches", config.microbatches, "it must be a positive integer")
   if config.get("remat", "none") not in _REMAT:

@@ -394,3 +394,37 @@ def test_mlm_loss_and_gradient_match_a_reference_cross_entropy():
   correct = (np.argmax(np.asarray(logits), -1) == targets) * weights
   assert 0 < correct.sum() < weights.sum()
   assert float(metrics["mlm_accuracy"][0]) == correct.sum()
+
+
+@pytest.mark.parametrize("separators", [1, 2])
+def test_nsp_and_sop_rebuild_rows_as_the_packer_writes_them(separators):
+  # A RoBERTa-style tokenizer's rows have two [SEP] after A (<s> A </s></s>
+  # B </s>); negatives and swaps must keep that layout exactly, every field.
+  from bertjax.data import packing
+  from bertjax.objectives import sop
+  rng = np.random.default_rng(5)
+  seq_len, n = 20, 8
+  rows = []
+  for _ in range(n):
+    la = int(rng.integers(1, seq_len - 6))
+    lb = int(rng.integers(1, seq_len - 2 - separators - la + 1))
+    a, b = (packing.Segment(rng.integers(low, low + 40, m).astype(np.int32),
+                            rng.random(m) < .5) for low, m in ((5, la), (50, lb)))
+    rows.append((a, b, packing.pair_row(a, b, seq_len, separators)))
+  batch = {k: jnp.asarray(np.stack([r[2][k] for r in rows])) for k in rows[0][2]}
+  np.testing.assert_array_equal(nsp.separators(batch), [separators] * n)
+  partner = np.roll(np.arange(n), 3)
+  use = np.arange(n) % 2 == 0
+  negatives = jax.jit(nsp.pair_with_b_from)(batch, jnp.asarray(partner), jnp.asarray(use))
+  swapped = jax.jit(sop.swap_segments)(batch, jnp.asarray(use))
+  for i, (a, b, row) in enumerate(rows):
+    pa, pb = rows[partner[i]][:2]
+    keep = min(len(b.tokens), len(pa.tokens) + len(pb.tokens))
+    cut = packing.Segment(*(np.concatenate([x, y])[:keep] for x, y in zip(pa[:2], pb[:2])))
+    want_nsp = packing.pair_row(a, cut, seq_len, separators) if use[i] else row
+    want_sop = packing.pair_row(b, a, seq_len, separators) if use[i] else row
+    for name in batch:
+      np.testing.assert_array_equal(np.asarray(negatives[name][i]), want_nsp[name],
+                                    err_msg=f"nsp {name} row {i}")
+      np.testing.assert_array_equal(np.asarray(swapped[name][i]), want_sop[name],
+                                    err_msg=f"sop {name} row {i}")

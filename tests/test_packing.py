@@ -6,6 +6,8 @@ document), so a segment's position in its document is read off its tokens and
 own bookkeeping.
 """
 
+import types
+
 import numpy as np
 import pytest
 
@@ -57,6 +59,38 @@ def test_pair_row_layout_exact():
   for name, value in row.items():
     assert np.dtype(value.dtype) == np.dtype(batch_lib.FIELDS[name][0]), name
     assert value.shape == batch_lib.field_shape(name, 1, 16)[1:], name
+
+
+def test_pair_row_with_a_roberta_pair_template_has_two_separators():
+  # <s> A </s></s> B </s>: both separators after A are special one-token
+  # words of segment 0, B keeps segment 1.
+  a = packing.Segment(np.arange(5, 8, dtype=np.int32), np.array([True, False, True]))
+  b = packing.Segment(np.arange(9, 11, dtype=np.int32), np.array([True, False]))
+  row = packing.pair_row(a, b, 10, separators=2)
+  cls, sep, pad = batch_lib.CLS_ID, batch_lib.SEP_ID, batch_lib.PAD_ID
+  np.testing.assert_array_equal(row["tokens"], [cls, 5, 6, 7, sep, sep, 9, 10, sep, pad])
+  np.testing.assert_array_equal(row["segment_ids"], [0] * 6 + [1] * 3 + [0])
+  np.testing.assert_array_equal(row["special"], [1, 0, 0, 0, 1, 1, 0, 0, 1, 1])
+  np.testing.assert_array_equal(row["word_starts"], [1, 1, 0, 1, 1, 1, 1, 0, 1, 0])
+  np.testing.assert_array_equal(row["doc_ids"], [1] * 9 + [0])
+  assert int(row["a_lengths"]) == 3 and int(row["b_lengths"]) == 2
+  with pytest.raises(ValueError, match="4 special tokens"):
+    packing.pair_row(a, b, 8, separators=2)
+  # The layout reads the count from the config and leaves room for it.
+  rng = np.random.default_rng(4)
+  config = types.SimpleNamespace(seq_len=16, short_seq_prob=0.0, pair_separators=2,
+                                 get=lambda k, d=None: getattr(config, k, d))
+  rows = [r for doc in random_docs(rng, 20)
+          for r in packing.sentence_pair_rows(doc, config, rng)]
+  assert rows and max(int(r["a_lengths"] + r["b_lengths"]) for r in rows) == 12
+  for r in rows:
+    assert r["tokens"][r["a_lengths"] + 1] == r["tokens"][r["a_lengths"] + 2] == sep
+  from bertjax import config_files
+  from bertjax import config_validation
+  bad = config_files.shipped("bert").get_config("tiny")
+  bad.pair_separators = 3
+  with pytest.raises(ValueError, match="pair_separators=3 is invalid"):
+    config_validation.validate(bad)
 
 
 def test_pair_row_rejects_pairs_that_do_not_fit():

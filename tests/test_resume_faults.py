@@ -358,7 +358,7 @@ def test_every_config_field_is_in_the_compatibility_table():
   # What an HF import adds (bertjax/convert/workdir.py) is classified too.
   for field in ("tokenizer_path", "hf_special_ids", "hf_kept_tensors",
                 "hf_model_type", "hf_position_offset", "num_layers",
-                "single_segment"):
+                "single_segment", "pair_separators"):
     assert compat.kind_of(field) is not None, field
 
 

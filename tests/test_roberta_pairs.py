@@ -117,6 +117,16 @@ def test_the_tokenizers_pair_template_decides_the_separators(tmp_path):
   config.vocab_size = len(vocab)
   transformers.RobertaForMaskedLM(config).save_pretrained(str(bert))
   _check_pairs(api.load(str(bert)), str(bert), transformers.RobertaForMaskedLM)
+  # An import records the template for pretraining's sentence pairs
+  # (bertjax/data/packing.py): two separators for the RoBERTa's own
+  # tokenizer, BERT's one (not recorded) for the WordPiece one.
+  from bertjax import config_files
+  from bertjax.convert import workdir as workdir_lib
+  base = config_files.shipped("roberta").get_config("tiny")
+  assert workdir_lib.import_hf(str(roberta), str(tmp_path / "wd_roberta"),
+                               base).config.pair_separators == 2
+  assert "pair_separators" not in workdir_lib.import_hf(
+      str(bert), str(tmp_path / "wd_bert"), base).config
   # What the files say; templates as tokenizers writes them (a Sequence
   # answers by its first processor that says).
   from bertjax.convert import pair_format

@@ -52,6 +52,7 @@ from bertjax.convert import core
 from bertjax.convert import export_target
 from bertjax.convert import hf_files
 from bertjax.convert import hf_tokenizers
+from bertjax.convert import pair_format
 from bertjax.convert import spm_export
 
 TOKENIZER_DIR = "tokenizer"
@@ -304,6 +305,12 @@ def import_hf(hf_dir: str, workdir: str, base_config) -> ImportReport:
     for key, value in fields.items():
       config[key] = value
     config.model_size = _size_row(fields)
+    # Sentence pairs are packed as the tokenizer's own template joins them:
+    # two separators for RoBERTa's (bertjax/data/packing.py's
+    # PAIR_SEPARATORS_FIELD); recorded only where it is not BERT's one.
+    separators = pair_format.separators(fields, tokenizer)
+    if separators != 1 or "pair_separators" in config:
+      config.pair_separators = separators
     config.tokenizer = "hf"
     config.tokenizer_path = tok_dir
     config.seq_len = min(int(config.seq_len), int(fields["max_position_embeddings"]))

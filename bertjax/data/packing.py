@@ -29,7 +29,10 @@ The sentence-pair layout follows BERT's create_pretraining_data with two
 changes: B is always the true continuation of A (NSP negatives are drawn on
 device from other examples of the batch), and the target length is drawn per
 pair rather than once per document, so that ``short_seq_prob`` is the fraction
-of pairs with a short target whatever the document lengths.
+of pairs with a short target whatever the document lengths. A model whose
+tokenizer joins pairs with two separators (RoBERTa's own byte-level BPE:
+``<s> A </s></s> B </s>``) gets rows ``[CLS] A [SEP] [SEP] B [SEP]``, as it
+reads pairs in fine-tuning and in transformers (``PAIR_SEPARATORS_FIELD``).
 """
 
 from __future__ import annotations
@@ -41,6 +44,14 @@ import numpy as np
 from bertjax import batch as batch_lib
 from bertjax.data import knowledge
 from bertjax.data import single_segment
+
+
+# The config field of the [SEP]s between A and B of a sentence_pairs row: 2
+# where the model's tokenizer joins pairs as RoBERTa's does (<s> A </s></s>
+# B </s>), which an import records from the tokenizer's own pair template
+# (bertjax/convert/pair_format.py); absent (1, BERT's [CLS] A [SEP] B [SEP])
+# otherwise. The step reads the count back from the rows (objectives/nsp.py).
+PAIR_SEPARATORS_FIELD = "pair_separators"
 
 
 class Segment(NamedTuple):
@@ -132,12 +143,14 @@ PAIR_CHUNKING = ("bert", "whole_sentences")
 def pair_instances(doc: Mapping[str, np.ndarray], *, seq_len: int,
                    short_seq_prob: float,
                    rng: np.random.Generator,
-                   chunking: str = "bert") -> list[PairInstance]:
+                   chunking: str = "bert",
+                   separators: int = 1) -> list[PairInstance]:
   """Cuts one document into BERT sentence pairs (A, B = true continuation).
 
   Sentences are accumulated into a chunk until it reaches the drawn target
   length (``seq_len - 3``, or with probability ``short_seq_prob`` a uniform
-  length in ``[2, seq_len - 3]``) or the document ends. A chunk of several
+  length in ``[2, seq_len - 3]``; one less per extra separator) or the
+  document ends. A chunk of several
   sentences is split at a random sentence boundary; a one-sentence chunk at the
   word boundary nearest a random point (skipped if it is a single word). The
   pair is then truncated to ``seq_len - 3`` tokens as BERT does.
@@ -156,6 +169,7 @@ def pair_instances(doc: Mapping[str, np.ndarray], *, seq_len: int,
     short_seq_prob: probability of a short target length.
     rng: the only source of randomness; the result is a pure function of it.
     chunking: 'bert' or 'whole_sentences' (``config.pair_chunking``).
+    separators: [SEP]s between A and B in the row (``pair_row``).
 
   Returns:
     The pairs in document order.
@@ -164,10 +178,11 @@ def pair_instances(doc: Mapping[str, np.ndarray], *, seq_len: int,
     raise ValueError(
         f"Unknown pair_chunking {chunking!r}; set --config.pair_chunking to "
         f"one of {', '.join(PAIR_CHUNKING)}.")
-  max_tokens = seq_len - 3
+  max_tokens = seq_len - 2 - separators
   if max_tokens < 2:
     raise ValueError(
-        f"seq_len={seq_len} leaves no room for a sentence pair; use seq_len >= 5.")
+        f"seq_len={seq_len} leaves no room for a sentence pair; use seq_len >= "
+        f"{4 + separators}.")
   tokens = np.asarray(doc["tokens"])
   starts = knowledge.unit_starts(doc)
   word_starts = starts["word_starts"]
@@ -220,30 +235,41 @@ def pair_instances(doc: Mapping[str, np.ndarray], *, seq_len: int,
   return out
 
 
-def pair_row(a: Segment, b: Segment, seq_len: int) -> dict[str, np.ndarray]:
-  """Writes ``[CLS] A [SEP] B [SEP] PAD...`` as one row of the Batch contract.
+def pair_row(a: Segment, b: Segment, seq_len: int,
+             separators: int = 1) -> dict[str, np.ndarray]:
+  """Writes ``[CLS] A [SEP] B [SEP] PAD...`` as one row of the Batch contract,
+  or with ``separators=2`` ``[CLS] A [SEP] [SEP] B [SEP] PAD...`` (the pair
+  template of a RoBERTa-style tokenizer, ``<s> A </s></s> B </s>``); the
+  separators after A have segment id 0.
 
   Args:
     a: sentence A, n_a >= 1 tokens.
-    b: sentence B, n_b >= 1 tokens, n_a + n_b + 3 <= seq_len.
+    b: sentence B, n_b >= 1 tokens, n_a + n_b + 2 + separators <= seq_len.
     seq_len: row length L.
+    separators: 1 or 2 [SEP]s between A and B.
 
   Returns:
     tokens, segment_ids, positions, doc_ids int32 [L]; word_starts,
     phrase_starts, entity_starts, special bool [L]; a_lengths, b_lengths
     int32 [] (n_a, n_b).
   """
+  if separators not in (1, 2):
+    raise ValueError(f"separators={separators}; a pair row has 1 or 2 [SEP] "
+                     "between its segments.")
   la, lb = len(a.tokens), len(b.tokens)
-  n = la + lb + 3
+  specials = 2 + separators
+  n = la + lb + specials
   if la < 1 or lb < 1 or n > seq_len:
     raise ValueError(
-        f"A pair of {la} + {lb} tokens does not fit seq_len={seq_len} with 3 "
-        "special tokens; truncate both to >= 1 token and <= seq_len - 3 in total.")
-  sep_a, b0 = la + 1, la + 2
+        f"A pair of {la} + {lb} tokens does not fit seq_len={seq_len} with "
+        f"{specials} special tokens; truncate both to >= 1 token and <= seq_len - "
+        f"{specials} in total.")
+  sep_a, b0 = la + 1, la + 1 + separators
+  seps = [0, *range(sep_a, b0), n - 1]  # CLS, the separators, the last [SEP]
   tokens = np.zeros(seq_len, np.int32)
   tokens[0] = batch_lib.CLS_ID
   tokens[1:sep_a] = a.tokens
-  tokens[sep_a] = batch_lib.SEP_ID
+  tokens[sep_a:b0] = batch_lib.SEP_ID
   tokens[b0:n - 1] = b.tokens
   tokens[n - 1] = batch_lib.SEP_ID
   segment_ids = np.zeros(seq_len, np.int32)
@@ -251,7 +277,7 @@ def pair_row(a: Segment, b: Segment, seq_len: int) -> dict[str, np.ndarray]:
   doc_ids = np.zeros(seq_len, np.int32)
   doc_ids[:n] = 1
   special = np.zeros(seq_len, bool)
-  special[[0, sep_a]] = True
+  special[seps] = True
   special[n - 1:] = True
   row = {
       "tokens": tokens,
@@ -266,7 +292,7 @@ def pair_row(a: Segment, b: Segment, seq_len: int) -> dict[str, np.ndarray]:
     starts = np.zeros(seq_len, bool)
     starts[1:sep_a] = a.starts(name)
     starts[b0:n - 1] = b.starts(name)
-    starts[[0, sep_a, n - 1]] = True
+    starts[seps] = True
     row[name] = starts
   return row
 
@@ -275,13 +301,16 @@ def sentence_pair_rows(doc: Mapping[str, np.ndarray], config: Any,
                        rng: np.random.Generator) -> list[dict[str, np.ndarray]]:
   """The ``sentence_pairs`` layout: one row per ``pair_instances`` pair.
 
-  Uses config.seq_len, config.short_seq_prob and config.pair_chunking.
+  Uses config.seq_len, config.short_seq_prob, config.pair_chunking and
+  config.pair_separators (1 when absent: ``PAIR_SEPARATORS_FIELD``).
   """
-  return [pair_row(p.a, p.b, config.seq_len)
+  separators = int(config.get(PAIR_SEPARATORS_FIELD, 1))
+  return [pair_row(p.a, p.b, config.seq_len, separators)
           for p in pair_instances(doc, seq_len=config.seq_len,
                                   short_seq_prob=config.short_seq_prob,
                                   rng=rng,
-                                  chunking=config.get("pair_chunking", "bert"))]
+                                  chunking=config.get("pair_chunking", "bert"),
+                                  separators=separators)]
 
 
 Layout = Callable[[Mapping[str, np.ndarray], Any, np.random.Generator],

@@ -35,14 +35,25 @@ _ROW_FIELDS = ("tokens", "segment_ids", "positions", "doc_ids", "word_starts",
                "special") + batch_lib.KNOWLEDGE_FIELDS
 
 
+def separators(batch: Mapping[str, jax.Array]) -> jax.Array:
+  """int32 [B]: the [SEP]s between A and B of each sentence-pair row, 1
+  (``[CLS] A [SEP] B``) or 2 (``[CLS] A [SEP] [SEP] B``, a RoBERTa-style
+  tokenizer's pair template: bertjax/data/packing.py), read off the row: the
+  column after A's [SEP] is B's first token, never a [SEP], in the first."""
+  after = jnp.minimum(batch["a_lengths"] + 2, batch["tokens"].shape[1] - 1)
+  second = jnp.take_along_axis(batch["tokens"], after[:, None], axis=1)[:, 0]
+  return 1 + (second == batch_lib.SEP_ID).astype(jnp.int32)
+
+
 def pair_with_b_from(batch: Mapping[str, jax.Array], partner_index: jax.Array,
                      use_partner: jax.Array) -> dict[str, jax.Array]:
   """Replaces the B segment of chosen rows with text of a partner row.
 
   A row i with ``use_partner[i]`` becomes ``[CLS] A_i [SEP] P [SEP] PAD...``
-  (p = ``partner_index[i]``), where P is the first
+  (p = ``partner_index[i]``; two [SEP] after A_i where the row has two,
+  ``separators``), where P is the first
   ``min(b_lengths[i], a_lengths[p] + b_lengths[p])`` tokens of the partner's
-  passage A_p B_p (its [SEP] left out): the row keeps its length, and so
+  passage A_p B_p (its [SEP]s left out): the row keeps its length, and so
   its padding, whenever the partner has that much text. Tokens and word
   starts come from gathers; the rest
   follows the packer's layout (bertjax/data/packing.py): segment ids 0 up to
@@ -64,22 +75,24 @@ def pair_with_b_from(batch: Mapping[str, jax.Array], partner_index: jax.Array,
   seq_len = tokens.shape[1]
   t = jnp.arange(seq_len, dtype=jnp.int32)[None, :]
   a_len = batch["a_lengths"][:, None]
+  seps = separators(batch)[:, None]
   partner_a = batch["a_lengths"][partner_index][:, None]
+  partner_seps = seps[partner_index]
   new_b = jnp.minimum(batch["b_lengths"],
                       batch["a_lengths"][partner_index]
                       + batch["b_lengths"][partner_index])
-  b_start = a_len + 2
+  b_start = a_len + 1 + seps
   b_end = b_start + new_b[:, None]  # where the final [SEP] goes
 
   in_a = (t >= 1) & (t <= a_len)
   in_b = (t >= b_start) & (t < b_end)
-  is_sep = (t == a_len + 1) | (t == b_end)
+  is_sep = ((t > a_len) & (t < b_start)) | (t == b_end)
   is_pad = t > b_end
   is_word = (t == 0) | is_sep  # CLS and SEP are one-token words
   # Column of the partner's row that lands at t (only read inside B): its A
-  # from column 1, then its B after skipping its [SEP].
+  # from column 1, then its B after skipping its [SEP]s.
   k = t - b_start
-  source = jnp.where(in_b, jnp.where(k < partner_a, k + 1, k + 2), t)
+  source = jnp.where(in_b, jnp.where(k < partner_a, k + 1, k + 1 + partner_seps), t)
 
   def from_partner(name):
     return jnp.take_along_axis(batch[name][partner_index], source, axis=1)

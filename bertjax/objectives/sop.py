@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax import batch as batch_lib
+from bertjax.objectives import nsp
 
 # Fields whose rows are rebuilt; positions and doc_ids keep their values (the
 # swapped row has the same length), and so do example_id, epoch, example_mask.
@@ -28,7 +29,8 @@ def swap_segments(batch: Mapping[str, jax.Array],
                   swap: jax.Array) -> dict[str, jax.Array]:
   """Exchanges the A and B segments of the chosen rows.
 
-  A row i with ``swap[i]`` becomes ``[CLS] B_i [SEP] A_i [SEP] PAD...``:
+  A row i with ``swap[i]`` becomes ``[CLS] B_i [SEP] A_i [SEP] PAD...``
+  (two [SEP] between them where the row has two, ``nsp.separators``):
   tokens and word starts (and the knowledge boundaries phrase_starts,
   entity_starts) of both segments move as blocks; segment ids are 0
   up to the first [SEP] and 1 for the second segment and the last [SEP];
@@ -46,13 +48,14 @@ def swap_segments(batch: Mapping[str, jax.Array],
   t = jnp.arange(tokens.shape[1], dtype=jnp.int32)[None, :]
   a_len = batch["a_lengths"][:, None]
   b_len = batch["b_lengths"][:, None]
-  second = b_len + 2  # first column of the moved A
+  seps = nsp.separators(batch)[:, None]  # 1, or 2 for <s> A </s></s> B </s>
+  second = b_len + 1 + seps  # first column of the moved A
   end = second + a_len  # the last [SEP]
   in_first = (t >= 1) & (t <= b_len)
   in_second = (t >= second) & (t < end)
-  is_sep = (t == b_len + 1) | (t == end)
+  is_sep = ((t > b_len) & (t < second)) | (t == end)
   # Column of the original row that lands at t (only read inside segments).
-  source = jnp.where(in_first, t + a_len + 1,
+  source = jnp.where(in_first, t + a_len + seps,
                      jnp.where(in_second, t - second + 1, t))
 
   def moved(name):
