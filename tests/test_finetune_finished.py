@@ -19,24 +19,38 @@ def _files(workdir, names):
   return {n: (workdir / n).read_bytes() for n in names}
 
 
+def _inode(path):
+  return path.stat().st_ino  # predict.write replaces a file: a rewrite changes it
+
+
 def test_a_finished_run_started_with_other_settings_keeps_its_own_record(inits, tmp_path):
+  (tmp_path / "new.csv").write_text("sentence\na cat sat on the mat\n")
   workdir = tmp_path / "ft"
-  cfg = lambda **kw: _finetune_config("coherence", **{**_TINY, **kw})
+  cfg = lambda **kw: _finetune_config(
+      "coherence", predict_files=str(tmp_path / "new.csv"), **{**_TINY, **kw})
   loop.run(cfg(), inits(2), str(workdir))
-  own = _files(workdir, ("eval_2.json", "predictions_validation.jsonl", "metrics.jsonl"))
+  own = _files(workdir, ("eval_2.json", "predictions_validation.jsonl", "metrics.jsonl",
+                         "predict_new.jsonl"))
   assert json.loads(own["eval_2.json"])["num_examples"] == 16
-  # A safe change, accepted on a finished run: its evaluation goes beside.
+  own_predict = _inode(workdir / "predict_new.jsonl")
+  # A safe change, accepted on a finished run: its evaluation goes beside,
+  # and so do its predictions of the predict files.
   again = loop.run(cfg(max_eval_examples=8), inits(2), str(workdir))
   assert _files(workdir, own) == own
+  assert _inode(workdir / "predict_new.jsonl") == own_predict
   beside = json.loads((workdir / "eval_2-2.json").read_text())
-  assert beside == {k: v for k, v in again.items() if k not in ("skipped_steps", "best")}
+  assert beside == {k: v for k, v in again.items() if k not in ("skipped_steps", "best", "predicted")}
   assert beside["num_examples"] == 8
   assert beside["config_changes"] == {"max_eval_examples": [16, 8]}
   assert len((workdir / "predictions_validation-2.jsonl").read_text().splitlines()) == 8
+  assert again["predicted"] == {"new": 1}
+  assert (workdir / "predict_new-2.jsonl").read_bytes() == own["predict_new.jsonl"]
   # The same settings again: the run's own files, rewritten as they were.
   loop.run(cfg(), inits(2), str(workdir))
   assert _files(workdir, own) == own
+  assert _inode(workdir / "predict_new.jsonl") != own_predict  # rewritten in place
   assert not (workdir / "eval_2-3.json").exists()
+  assert not (workdir / "predict_new-3.jsonl").exists()
 
 
 def _sigterm_at_call(monkeypatch, n):

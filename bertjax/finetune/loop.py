@@ -324,14 +324,18 @@ def _run_held(cfg, task, fields, loaded, tokenizer, train_feats, eval_feats, to_
   # with status 143 and no word.
   final_stop = preemption.signalled if jax.process_count() == 1 else None
 
+  copy = ""  # the final evaluation's suffix ('' or '-2' ...), which the predict files share
+
   def final_evaluation(saved_config, metrics_writer):
     """``evaluate`` of the last step, which SIGTERM stops (``final_stop``)."""
+    nonlocal copy
     out = evaluate(cfg, task, predict_fn, state.params, eval_feats, mesh, step, workdir_path,
                    metrics_writer, saved=saved_config, should_stop=final_stop)
     if out is None:
       checkpointer.wait()
       raise guards.Preempted.during_final_evaluation(step)
-    return out
+    record, copy = out
+    return record
 
   with contextlib.closing(preemption):
     try:
@@ -339,7 +343,7 @@ def _run_held(cfg, task, fields, loaded, tokenizer, train_feats, eval_feats, to_
         if _epoch_end_unevaluated(cfg, step, workdir_path):  # stopped there before
           record = (final_evaluation(saved, writer) if step == cfg.num_train_steps else
                     evaluate(cfg, task, predict_fn, state.params, eval_feats, mesh, step,
-                             workdir_path, writer))
+                             workdir_path, writer)[0])
           best.offer(step, _best_loss(cfg, record), state, it.get_state(), cfg, fingerprint)
         while step < last:
           batch = _device_batch(train_feats, task.kind, it.next_indices())
@@ -375,7 +379,7 @@ def _run_held(cfg, task, fields, loaded, tokenizer, train_feats, eval_feats, to_
           if epoch_end:
             record = (final_evaluation(None, writer) if step == cfg.num_train_steps else
                       evaluate(cfg, task, predict_fn, state.params, eval_feats, mesh, step,
-                               workdir_path, writer))
+                               workdir_path, writer)[0])
             best.offer(step, _best_loss(cfg, record), state, it.get_state(), cfg, fingerprint)
         check_previous()
         if step == cfg.num_train_steps and record is None:
@@ -392,7 +396,10 @@ def _run_held(cfg, task, fields, loaded, tokenizer, train_feats, eval_feats, to_
     record["skipped_steps"] = nonfinite.total
     record["best"] = {"step": best.best["step"],
                       cfg.main_metric: _loss_sign(cfg) * best.best["loss"]}
-    if to_predict:  # with the best evaluation's parameters (predict module)
+    # With the best evaluation's parameters (predict module); where the final
+    # evaluation went beside the run's own record, so do they: the run's own
+    # predict_<name>.jsonl is kept, these go to predict_<name>-2.jsonl.
+    if to_predict:
       params = predict_lib.best_params(workdir, best.best["step"], abstract, shardings)
       for name, examples, feats in to_predict:
         logits = predict(predict_fn, params, feats, task.kind, cfg.batch_size, mesh,
@@ -400,8 +407,11 @@ def _run_held(cfg, task, fields, loaded, tokenizer, train_feats, eval_feats, to_
         if logits is None:
           raise guards.Preempted.during_final_predictions(step)
         if jax.process_index() == 0:
-          predict_lib.write(workdir_path / f"predict_{name}.jsonl",
+          predict_lib.write(workdir_path / f"predict_{name}{copy}.jsonl",
                             predict_lib.records(task, examples, feats, logits, cfg))
+        if copy:
+          logging.info("Wrote predict_%s%s.jsonl beside the run's own predict_%s.jsonl, "
+                       "which is kept.", name, copy, name)
       record["predicted"] = {name: len(examples) for name, examples, _ in to_predict}
   print(json.dumps(record), flush=True)
   return record
@@ -446,9 +456,10 @@ def _initial_state(model, tx, cfg, abstract_params, shardings, loaded, mesh):
 
 def evaluate(cfg, task, predict_fn, params, eval_feats, mesh, step: int,
              workdir: epath.Path, writer, *, saved=None, should_stop=None
-             ) -> dict[str, Any] | None:
+             ) -> tuple[dict[str, Any], str] | None:
   """Scores the eval split with ``predict_fn`` (``predict_step``); writes
-  eval_<step>.json and predictions_<split>.jsonl; None when ``should_stop``
+  eval_<step>.json and predictions_<split>.jsonl and returns (the record, the
+  suffix its files got: '' or '-2', '-3' ...); None when ``should_stop``
   said to stop (nothing written).
 
   ``saved``: the checkpoint's config, when a finished run is evaluated again.
@@ -456,7 +467,8 @@ def evaluate(cfg, task, predict_fn, params, eval_feats, mesh, step: int,
   else (safe changes such as max_eval_examples or no_answer_threshold are
   accepted on a finished run): as ``bertjax.evaluate`` does, this one goes to
   eval_<step>-2.json (-3 ...) with ``config_changes``, its predictions to
-  predictions_<split>-2.jsonl; the same record rewrites the same files.
+  predictions_<split>-2.jsonl (and ``run`` its predict files to
+  predict_<name>-2.jsonl); the same record rewrites the same files.
   """
   logits = predict(predict_fn, params, eval_feats, task.kind, cfg.batch_size, mesh,
                    should_stop=should_stop)
@@ -485,4 +497,4 @@ def evaluate(cfg, task, predict_fn, params, eval_feats, mesh, step: int,
   if writer is not None:
     writer.write(step, scores, prefix="eval_", flush=True)
   logging.info("Evaluation at step %d: %s", step, json.dumps(scores))
-  return record
+  return record, copy

@@ -11,7 +11,10 @@ started again (so new files are predicted without training), they are
 predicted with the parameters of the best evaluation (``best_checkpoint/``;
 the last step's where there is none) into ``<workdir>/predict_<name>.jsonl``:
 one record per example, in input order, with the gold label, answers or tags
-beside the prediction where the input had them.
+beside the prediction where the input had them. Where a finished run's
+evaluation went beside the run's own record (``loop.evaluate``: settings that
+move it), they go beside the run's own too, to ``predict_<name>-2.jsonl``
+(the suffix of that evaluation's ``eval_<step>-2.json``).
 """
 
 from __future__ import annotations
