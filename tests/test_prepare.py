@@ -12,12 +12,14 @@ import tensorflow_datasets as tfds
 
 from bertjax import batch
 import corpus_files
+from bertjax.data import bad_text_files
 from bertjax.data import builders
 from bertjax.data import prepare
 from bertjax.data import python_docs
 from bertjax.data import text_sources
 from bertjax.data import tokenized
 from bertjax.data import tokenizer as tokenizer_lib
+from bertjax.data import units
 
 _FORBIDDEN_IDS = [batch.PAD_ID, batch.CLS_ID, batch.SEP_ID, batch.MASK_ID]
 
@@ -156,6 +158,77 @@ def test_local_text_skips_bad_files(demo_config, text_dir, tmp_path, caplog):
   with pytest.raises(ValueError, match="was prepared from --config.text_files="):
     prepare.prepare(_local_config(demo_config, f"{text_dir}/a*.txt"), data_dir)
   assert _snapshot(data_dir) == before
+
+
+def _one_line(seed, size):
+  """~``size`` bytes of sentences on one line (no whitespace to cut at but spaces)."""
+  rng = np.random.default_rng(seed)
+  words = ["alpha", "beta", "gamma", "delta", "omega", "sigma"]
+  line = " ".join(" ".join(rng.choice(words, 7)).capitalize() + "."
+                  for _ in range(size // 40))
+  return line.encode()
+
+
+def test_a_bad_byte_skips_its_file_whole_whatever_the_block_size(demo_config, tmp_path,
+                                                                   caplog):
+  """prepare_block_mb is a performance knob: a 100 KB one-line file with one
+  bad byte near its end is left out whole (not just its last piece) at a
+  block that reads it in one piece and at one that cuts it in four, with the
+  same warning naming the offset of its first bad byte."""
+  texts = tmp_path / "texts"
+  texts.mkdir()
+  for i in range(4):
+    (texts / f"good{i}.txt").write_bytes(_one_line(i, 2000))
+  latin = bytearray(_one_line(10, 100_000))
+  latin[-50] = 0xE9  # a Latin-1 'é'
+  (texts / "latin.txt").write_bytes(bytes(latin))
+  # An invalid byte in the first piece, a NUL in the last: binary, as one piece says.
+  binary = bytearray(_one_line(11, 100_000))
+  binary[10], binary[-30] = 0xFF, 0
+  (texts / "binary.txt").write_bytes(bytes(binary))
+  config = _local_config(demo_config, str(texts / "*.txt"))
+  outcome = {}
+  for block in (1 << 20, 1 << 15):
+    caplog.clear()
+    data_dir = str(tmp_path / f"data{block}")
+    with caplog.at_level(logging.WARNING):
+      dataset_dir = text_sources._local_text(
+          config, data_dir, text_sources.Engine(workers=1, block_bytes=block))
+    ids = sorted(doc_id for split in ("train", "validation")
+                 for _, (doc_id, _) in _documents(dataset_dir, data_dir, split))
+    outcome[block] = ids, [r.getMessage() for r in caplog.records
+                           if r.levelno == logging.WARNING]
+  assert outcome[1 << 20] == outcome[1 << 15]
+  ids, warnings = outcome[1 << 15]
+  assert ids == [f"good{i}.txt" for i in range(4)]
+  fix = ", then prepare into a new --config.data_dir to include them."
+  assert warnings == [
+      f"Skipped 1 binary (NUL bytes) text file(s) whole: {texts}/binary.txt (first bad "
+      f"byte at offset {len(binary) - 30}); leave them out of --config.text_files, or "
+      f"remove the NUL bytes if they are text" + fix,
+      f"Skipped 1 not UTF-8 text file(s) whole: {texts}/latin.txt (first bad byte at "
+      f"offset {len(latin) - 50}); re-encode them as UTF-8 (e.g. iconv -f latin1 -t "
+      f"utf-8) or remove the bad bytes" + fix]
+
+
+def test_a_bad_file_reruns_only_the_units_that_made_its_text_and_once():
+  piece = lambda name, start: units.Piece(f"/t/{name}", name, start, start + 10, 30)
+  task = lambda i, *pieces: units.TextTask(i, pieces, False, "/d", "n", "plan")
+  tasks = [task(0, piece("a", 0), piece("a", 10)), task(1, piece("a", 20), piece("b", 0)),
+           task(2, piece("c", 0))]
+  stats = lambda bad=(), blank=(): {"stats": {"bad": dict(bad), "blank": list(blank),
+                                              "excluded": []}}
+  receipts = [stats(), stats(bad={"a": ["not UTF-8", 25]}), stats(blank=["c"])]
+  tasks, todo = bad_text_files.exclude(tasks, receipts)
+  assert [(t.index, t.excluded) for t in todo] == [(0, ("a",))]
+  assert [t.excluded for t in tasks] == [("a",), (), ()]
+  receipts[0]["stats"]["excluded"] = ["a"]  # what the rerun's receipt says
+  assert bad_text_files.exclude(tasks, receipts)[1] == []  # a resumed prepare: nothing
+
+
+def _documents(dataset_dir, data_dir, split):
+  source = units.TextSource("own", dataset_dir, split, data_dir)
+  return source.documents(0, len(source.open()))
 
 
 def test_local_text_paragraph_documents(demo_config, text_dir, tmp_path):

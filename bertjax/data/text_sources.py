@@ -26,6 +26,7 @@ from absl import logging
 import tensorflow_datasets as tfds
 
 from bertjax import paths
+from bertjax.data import bad_text_files
 from bertjax.data import bucket_units
 from bertjax.data import builders
 from bertjax.data import shards
@@ -248,8 +249,9 @@ def _local_text(config, data_dir: str, engine: Engine) -> str:
     return dataset_dir
 
   start = time.time()
+  # 'whole-files': units of the receipts that report bad files by name.
   plan = hashlib.sha256(
-      f"{fingerprint}|{cfg}|{engine.block_bytes}".encode()).hexdigest()[:16]
+      f"{fingerprint}|{cfg}|{engine.block_bytes}|whole-files".encode()).hexdigest()[:16]
   stage = staged.Stage(dataset_dir, "bertjax_local_text", plan)
   stage.clear_other_plans()
   groups = units.plan_text(found, engine.block_bytes)
@@ -264,20 +266,21 @@ def _local_text(config, data_dir: str, engine: Engine) -> str:
       "text", sum(sum(min(p.end, p.size) - p.start for p in t.pieces) for t in todo),
       len(todo)))
   receipts = [stage.receipt(t.index) for t in tasks]
-  skipped: dict[str, list[str]] = {}
-  for receipt in receipts:
-    for reason, bad in receipt["stats"]["skipped"].items():
-      skipped.setdefault(reason, []).extend(bad)
-  for reason, bad in sorted(skipped.items()):
-    logging.warning("Skipped %d %s text file(s): %s", len(bad), reason, ", ".join(bad))
+  # A file found bad by one unit is left out whole: the units that made
+  # documents of its other pieces run again without it.
+  tasks, rerun = bad_text_files.exclude(tasks, receipts)
+  if rerun:
+    engine.run(units.run_text, rerun)
+    receipts = [stage.receipt(t.index) for t in tasks]
+  skipped = bad_text_files.verdicts(tasks, receipts)
+  path_of = {p.name: p.path for t in tasks for p in t.pieces}
+  bad_text_files.warn(skipped, path_of, logging.warning)
   docs = sum(r["stats"]["documents"] for r in receipts)
   if not docs and skipped:
     stage.remove()
-    problems = "; ".join(f"{len(p)} {r}: {', '.join(p[:5])}"
-                         for r, p in sorted(skipped.items()))
     raise ValueError(
         f"None of the {len(found)} files of --config.text_files is usable "
-        f"({problems}); pass non-empty UTF-8 text files.")
+        f"({bad_text_files.summary(skipped, path_of)}); pass non-empty UTF-8 text files.")
   if docs < 2:
     stage.remove()
     raise ValueError(

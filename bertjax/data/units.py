@@ -11,7 +11,8 @@ receipt (bertjax/data/workers.py runs them):
   so a file of any size, even a single 50 MB line, is read a block at a time.
   A file of several pieces gives one document per piece ('files'; all of
   them go to the file's split) or its paragraphs ('paragraphs', each held out
-  by the hash of its id, as in a small file).
+  by the hash of its id, as in a small file). A file with a bad byte in any
+  piece gives none (bertjax/data/bad_text_files.py).
 * ``SampleTask`` -- the tokenizer's training sample: every sentence of a
   range of train documents whose hash ``sentence_key(seed, doc, sentence)``
   falls below a threshold, i.e. a Bernoulli sample of rate p, the same
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import os
 from typing import Any, Iterator, Sequence
 
@@ -35,6 +37,7 @@ import tensorflow_datasets as tfds
 
 from bertjax import batch as batch_lib
 from bertjax import paths
+from bertjax.data import bad_text_files
 from bertjax.data import builders
 from bertjax.data import knowledge as knowledge_lib
 from bertjax.data import python_docs
@@ -169,6 +172,9 @@ class TextTask:
   plan: str
   # document id -> split, overriding the hash (keeps both splits non-empty).
   overrides: tuple[tuple[str, str], ...] = ()
+  # Names of files another unit found bad: left out whole, unread
+  # (bertjax/data/bad_text_files.py).
+  excluded: tuple[str, ...] = ()
 
 
 def _without_scheme(path: str) -> str:
@@ -220,6 +226,12 @@ def read_piece(piece: Piece) -> bytes:
     return f.read(max(end - start, 0))
 
 
+def _piece_start(piece: Piece) -> int:
+  """Where the bytes ``read_piece`` returns begin in the file."""
+  with paths.path(piece.path).open("rb") as f:
+    return _cut(f, piece.start, piece.size)
+
+
 def _utf16_file(piece: Piece, data: bytes) -> bool:
   """Whether the piece's file starts with a UTF-16 byte-order mark (its NUL
   bytes are then text, in an encoding bertjax does not read)."""
@@ -246,54 +258,73 @@ def _digest(name: str) -> str:
   return hashlib.sha256(name.encode("utf-8")).hexdigest()
 
 
+def _decode(piece: Piece, data: bytes) -> tuple[str | None, tuple[str, int] | None]:
+  """``bad_text_files.decode`` of a piece, its finding's offset in the file."""
+  text, found = bad_text_files.decode(data)
+  if found is None:
+    return text, None
+  if found[0] == bad_text_files.BINARY and _utf16_file(piece, data):
+    return None, (bad_text_files.UTF16, 0)
+  return None, (found[0], _piece_start(piece) + found[1])
+
+
 def run_text(task: TextTask) -> dict[str, Any]:
-  """Reads a unit's pieces, splits sentences, writes its train/validation records."""
+  """Reads a unit's pieces, splits sentences, writes its train/validation records.
+
+  A file is taken whole or not at all: its documents here are dropped when
+  any of its pieces here is bad, and the receipt says which files were
+  (``bad``: name -> [reason, offset]) and which held only whitespace here
+  (``blank``), for ``bad_text_files`` to merge across units.
+  """
   serialize = staged.Serializer(builders.text_features())
   overrides = dict(task.overrides)
   out = {"train": [], "validation": []}
-  skipped: dict[str, list[str]] = {}
+  bad: dict[str, tuple[str, int]] = {}
+  blank: list[str] = []
   sentences = {"train": 0, "validation": 0}
   docs = input_bytes = 0
   # The train document nearest the hold-out threshold, and the validation one:
   # moved across when a split would otherwise be empty.
   edge = {"train": None, "validation": None}
-  for piece in task.pieces:
-    data = read_piece(piece)
-    input_bytes += len(data)
-    reason = None
-    if not data.strip():
-      reason = "empty"
-    elif b"\x00" in data:
-      reason = ("UTF-16, not UTF-8" if _utf16_file(piece, data)
-                else "binary (NUL bytes)")
-    else:
-      try:
-        text = data.decode("utf-8")
-      except UnicodeDecodeError:
-        reason = "not UTF-8"
-    if reason:
-      whole_file = piece.start == 0 and piece.end >= piece.size
-      # A blank stretch inside a large file is not worth a warning.
-      if reason != "empty" or whole_file:
-        skipped.setdefault(reason, []).append(
-            piece.path if whole_file else f"{piece.path}@{piece.start}")
+  # plan_text puts a file's pieces next to each other.
+  for name, pieces in itertools.groupby(task.pieces, key=lambda p: p.name):
+    if name in task.excluded:
       continue
-    for doc_id, name, sents in _piece_documents(piece, text, task.paragraphs):
-      if not sents:
+    found, texts = None, []
+    for piece in pieces:
+      data = read_piece(piece)
+      input_bytes += len(data)
+      if not data.strip():
         continue
-      split = overrides.get(doc_id) or (
-          "validation" if python_docs.is_validation(name, builders.LOCAL_VALIDATION_FRACTION)
-          else "train")
-      out[split].append(serialize({"id": doc_id, "sentences": sents}))
-      sentences[split] += len(sents)
-      docs += 1
-      key = (_digest(name), doc_id)
-      best = edge[split]
-      if best is None or (key < best if split == "train" else key > best):
-        edge[split] = key
+      text, piece_found = _decode(piece, data)
+      found = bad_text_files.worse(found, piece_found)
+      if found is None:
+        texts.append((piece, text))
+    if found is not None:
+      bad[name] = found
+      continue
+    if not texts:
+      blank.append(name)
+    for piece, text in texts:
+      for doc_id, doc_name, sents in _piece_documents(piece, text, task.paragraphs):
+        if not sents:
+          continue
+        split = overrides.get(doc_id) or (
+            "validation"
+            if python_docs.is_validation(doc_name, builders.LOCAL_VALIDATION_FRACTION)
+            else "train")
+        out[split].append(serialize({"id": doc_id, "sentences": sents}))
+        sentences[split] += len(sents)
+        docs += 1
+        key = (_digest(doc_name), doc_id)
+        best = edge[split]
+        if best is None or (key < best if split == "train" else key > best):
+          edge[split] = key
   stage = staged.Stage(task.dataset_dir, task.dataset_name, task.plan)
   return stage.write_unit(task.index, out, {
-      "documents": docs, "input_bytes": input_bytes, "skipped": skipped,
+      "documents": docs, "input_bytes": input_bytes,
+      "bad": {n: list(f) for n, f in bad.items()}, "blank": blank,
+      "excluded": list(task.excluded),
       "sentences": sentences,
       "edge": {k: list(v) if v else None for k, v in edge.items()}})
 
