@@ -27,8 +27,9 @@ LOST = frozenset({"PREEMPTED", "TERMINATED", "FAILED", "SUSPENDED"})
 # a status an earlier run left from this run's outcome.
 STATUS_FILE = "~/bertjax-train.status"
 LOG_FILE = "~/bertjax-train.log"
-# The detached training's pid, and the commit and command it runs: a worker
-# script run again while they still train follows that training.
+# The detached training's pid and the process's identity, and the commit
+# and command it runs: a worker script run again while they still train
+# follows that training.
 PID_FILE = "~/bertjax-train.pid"
 CMD_FILE = "~/bertjax-train.cmd"
 # The runs (launcher attempts) that started the current training (the first
@@ -36,6 +37,20 @@ CMD_FILE = "~/bertjax-train.cmd"
 RUNS_FILE = "~/bertjax-train.runs"
 # The variable the launcher sets to the attempt's run id before the command.
 RUN_ENV = "BERTJAX_RUN"
+# A pid is the training's only while the process holding it is the one that
+# was started: after a reboot that left no status, or once pids wrap around,
+# the pid may name another process. So the pid file holds, beside the pid,
+# the boot id and the process's start time (field 22 of /proc/<pid>/stat,
+# clock ticks since boot): ``ident PID`` prints them, ``alive PID IDENT``
+# holds while that very process runs. A pid file without them (an older
+# script's) is checked by the pid alone, as it was.
+_PROCESS_CHECKS = (
+    'ident() { local s b; s=$(cat "/proc/$1/stat" 2>/dev/null) || return 0; '
+    's=${s##*) }; set -- $s; b=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null); '
+    'echo "$b ${20}"; }; '
+    'alive() { [ -n "$1" ] && kill -0 "$1" 2>/dev/null && '
+    '{ [ -z "$2" ] || [ "$(ident "$1")" = "$2" ]; }; }')
+_READ_PID = f"pid=; pident=; read -r pid pident 2>/dev/null < {PID_FILE}"
 # The worker's index in the slice: GKE sets TPU_WORKER_ID; on a TPU VM the
 # metadata server knows it.
 _WORKER_ID = ("${TPU_WORKER_ID:-$(curl -sf -H Metadata-Flavor:Google "
@@ -107,7 +122,7 @@ def remote_script(repo: str, rev: str, train: list[str]) -> str:
   """The bash script each worker runs: check out ``rev``, install, train.
 
   Every worker runs the same script. The training runs detached from the ssh
-  session (SIGHUP ignored, output in ~/bertjax-train.log, its pid in
+  session (SIGHUP ignored, output in ~/bertjax-train.log, its pid and identity in
   ~/bertjax-train.pid), so a dropped connection does not stop it; the script
   follows it until it writes its exit status to ~/bertjax-train.status, then
   exits with that status (75 after a preemption). Run again while the same
@@ -134,13 +149,14 @@ def remote_script(repo: str, rev: str, train: list[str]) -> str:
   read_status = (f"status=; ended=; read -r status ended 2>/dev/null < {STATUS_FILE}; "
                  f"tid=$(head -n 1 {RUNS_FILE} 2>/dev/null)")
   over = '[ -n "$status" ] && [ "$ended" = "$tid" ]'
-  alive = f'[ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && ! {{ {over}; }}'
+  alive = f'alive "$pid" "$pident" && ! {{ {over}; }}'
   return "; ".join([
       "set -o pipefail",
+      _PROCESS_CHECKS,
       f"worker={_WORKER_ID}",
       # Without the launcher (GKE, a command run by hand): an id of its own.
       f"runid=${{{RUN_ENV}:-$(date +%s%N)}}",
-      f"pid=$(cat {PID_FILE} 2>/dev/null)",
+      _READ_PID,
       read_status,
       # A reconnect after this run's training ended: its status is the
       # outcome; training again would re-run a failed (or finished) training.
@@ -154,7 +170,7 @@ def remote_script(repo: str, rev: str, train: list[str]) -> str:
       f"else if {alive}; then "
       '[ "$worker" = 0 ] && echo "launch: stopping the training of another commit '
       'or command that is still running (SIGTERM: it saves a checkpoint)"; '
-      'pkill -TERM -P "$pid"; while kill -0 "$pid" 2>/dev/null; do sleep 1; done; fi',
+      'pkill -TERM -P "$pid"; while alive "$pid" "$pident"; do sleep 1; done; fi',
       # The old status goes before this run is recorded as the training's.
       f"rm -f {STATUS_FILE} {PID_FILE} {CMD_FILE} {RUNS_FILE}",
       f'echo "$runid" > {RUNS_FILE}; tid=$runid',
@@ -167,12 +183,15 @@ def remote_script(repo: str, rev: str, train: list[str]) -> str:
       'python3 -m pip install -q ".[tpu]"; } || '
       f'{{ status=$?; echo "$status $runid" > {STATUS_FILE}; exit $status; }}',
       f"echo {cmd_line} > {CMD_FILE}",
-      f"( trap '' HUP; {train_cmd} >> {LOG_FILE} 2>&1; echo \"$? $runid\" > "
+      # The detached process records itself, before it trains: a session
+      # dropped just after the start cannot leave the pid file unwritten.
+      f"( trap '' HUP; me=$BASHPID; echo \"$me $(ident $me)\" > {PID_FILE}.tmp; "
+      f"mv {PID_FILE}.tmp {PID_FILE}; {train_cmd} >> {LOG_FILE} 2>&1; echo \"$? $runid\" > "
       f"{STATUS_FILE}.tmp; mv {STATUS_FILE}.tmp {STATUS_FILE} ) < /dev/null > /dev/null "
-      f"2>&1 & pid=$!; echo $pid > {PID_FILE}; lines=+1; fi",
+      "2>&1 & pid=$!; pident=; lines=+1; fi",  # its own child: the pid alone
       f'if [ "$worker" = 0 ]; then if [ -n "$pid" ]; then tail -n $lines -f '
       f'--pid="$pid" {LOG_FILE}; else tail -n $lines {LOG_FILE}; fi; fi',
-      '[ -z "$pid" ] || while kill -0 "$pid" 2>/dev/null; do sleep 1; done',
+      '[ -z "$pid" ] || while alive "$pid" "$pident"; do sleep 1; done',
       f'status=; ended=; read -r status ended 2>/dev/null < {STATUS_FILE}',
       '[ -n "$status" ] && [ "$ended" = "$tid" ] || { echo "launch: the training on '
       f'worker $worker ended without writing {STATUS_FILE} (killed?); see {LOG_FILE}"; '
@@ -193,13 +212,14 @@ def probe_command(run: str) -> str:
   trace of it (the script never reached the worker, or another run's
   training has replaced it): a status file alone may be another run's."""
   script = "; ".join([
+      _PROCESS_CHECKS,
       # The status first: a training started after it was read has another id.
       f"status=; ended=; read -r status ended 2>/dev/null < {STATUS_FILE}",
       f"tid=$(head -n 1 {RUNS_FILE} 2>/dev/null)",
       f'if [ -z "$tid" ] || ! grep -qxF -- {shlex.quote(run)} {RUNS_FILE} 2>/dev/null; '
       "then echo none",
       'elif [ -n "$status" ] && [ "$ended" = "$tid" ]; then echo "$status"',
-      f'elif kill -0 "$(cat {PID_FILE} 2>/dev/null)" 2>/dev/null; then echo running',
+      f'elif {_READ_PID}; alive "$pid" "$pident"; then echo running',
       "else echo none; fi",
   ])
   return shlex.join(["bash", "-c", script])

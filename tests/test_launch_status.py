@@ -226,6 +226,29 @@ def test_an_ended_trainings_pid_that_lives_on_is_not_followed(worker):
   assert worker.trainings() == 2 and worker.status() == "0"
 
 
+def test_a_pid_that_names_another_process_after_a_reboot_is_not_the_training(worker):
+  # The training died with its machine (a reboot: no status written) and
+  # its recorded pid now names another process. The probe said "running"
+  # and the same command again followed that process instead of training.
+  assert tpu.launch(TARGET, worker.command(), WorkerRunner(worker), max_restarts=0,
+                    delete_at_end=False) == 0
+  worker.wait_ended()
+  (worker.home / "bertjax-train.status").unlink()
+  other = subprocess.Popen(["sleep", "60"])
+  try:
+    pid_file = worker.home / "bertjax-train.pid"
+    pid_file.write_text(" ".join([str(other.pid), *pid_file.read_text().split()[1:]]) + "\n")
+    run = worker.runs()[0]
+    assert worker.run(gcloud.probe_command(run)).stdout == "none\n"
+    again = worker.run(gcloud.with_run(worker.command(), run))
+    assert again.returncode == 0 and "following" not in again.stdout
+    assert worker.trainings() == 2 and worker.status() == "0"
+    assert other.poll() is None  # neither followed nor signalled
+  finally:
+    other.kill()
+    other.wait()
+
+
 def test_the_status_names_the_training_and_the_runs_that_followed_it(worker):
   # The first run starts the training; a second run of the same command
   # (the launcher run again) follows it. Both runs own its status; a third
