@@ -60,6 +60,8 @@ HBM_BYTES: dict[str, int] = {
 
 # A slice of each generation: its chips' grid has 2 axes (v5e, v6e) or up to
 # 3 (v4, v5p: a 2-axis grid is one chip deep).
+# Generations whose chips have two TensorCores run as one device.
+_MEGACORE = ("v4", "v5p")
 _EXAMPLES = {"v4": "v4:2x2x2", "v5e": "v5e:4x4", "v5litepod": "v5litepod:4x4",
              "v5p": "v5p:2x2x2", "v6e": "v6e:4x4"}
 
@@ -89,7 +91,13 @@ def get_topology_devices(topology: str) -> list[Any]:
         "pip install libtpu (in a checkout, the tpu extra).") from e
   from jax.experimental import topologies
   try:
-    return list(topologies.get_topology_desc(topology, "tpu").devices)
+    # JAX runs a v4 or v5p chip's two TensorCores as one device (megacore);
+    # libtpu's default describes a v4 chip as two devices, which doubled the
+    # chip count (v4:2x2x1 as 8) and halved each device's share. v5e and v6e
+    # have one core a chip and no megacore config.
+    options = ({"chip_config_name": "megacore"} if generation in _MEGACORE
+               else {})
+    return list(topologies.get_topology_desc(topology, "tpu", **options).devices)
   except Exception as e:  # libtpu's JaxRuntimeError: INVALID_ARGUMENT ...
     reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     raise ValueError(

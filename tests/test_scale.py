@@ -293,3 +293,13 @@ def test_aot_refuses_a_tensor_axis_that_cannot_split_the_heads(demo_config):
       r"uses 8 devices but 4 devices are in --topology=v5e:2x2; make the product")):
     aot.compile_for_topology(_config(demo_config, batch_size=8, mesh_shape="2,4,1"),
                              "v5e:2x2")
+
+
+@pytest.mark.skipif(_libtpu_missing_reason() is not None,
+                    reason=str(_libtpu_missing_reason()))
+@pytest.mark.parametrize("topology,chips", [("v4:2x2x1", 4), ("v4:2x2x2", 8),
+                                            ("v5p:2x2x1", 4), ("v5e:2x2", 4)])
+def test_a_topology_has_one_device_per_chip(topology, chips):
+  # libtpu's default chip config gave v4's two TensorCores as two devices.
+  from bertjax import aot
+  assert len(aot.get_topology_devices(topology)) == chips
