@@ -110,6 +110,13 @@ def validate(config, *, variant: bool = True, devices: int | None = None,
   for field in ("eval_every_steps", "eval_max_batches", "seed"):
     if field in config and not int(config[field]) >= 0:
       _fail(field, config[field], "it must not be negative")
+  if "shuffle_window" in config and int(config.shuffle_window) < 1:
+    _fail("shuffle_window", config.shuffle_window,
+          "it must be a positive integer (1 reads the examples in order)")
+  if ("short_seq_prob" in config
+      and not 0.0 <= float(config.short_seq_prob) <= 1.0):
+    _fail("short_seq_prob", config.short_seq_prob,
+          "it is a probability and must lie in [0, 1]")
   if config.get("pair_separators", 1) not in (1, 2):  # data/packing.py
     _fail("pair_separators", config.pair_separators,
           "a sentence pair has 1 ([CLS] A [SEP] B) or 2 (RoBERTa's <s> A </s></s> B) "

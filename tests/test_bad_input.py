@@ -227,3 +227,20 @@ def test_xlnet_sizes_are_listed_with_their_memory_suffix():
     config_files.load("xlnet:huge")
   assert "each with or without _mem, as in --config=FILE:tiny_mem" in str(e.value)
   assert config_files.load("xlnet:tiny_mem").mem_len > 0
+
+
+@pytest.mark.parametrize("field,value", [
+    ("shuffle_window", 0), ("shuffle_window", -3),
+    ("short_seq_prob", 2.0), ("short_seq_prob", -0.1)])
+def test_shuffle_window_and_short_seq_prob_are_checked_up_front(demo_config, field,
+                                                                 value):
+  # shuffle_window=0 used to fail once the data was read, with grain's words;
+  # short_seq_prob=2 trained as if it were 1.
+  from bertjax import config_validation
+  config = demo_config.copy_and_resolve_references()
+  config[field] = value
+  with pytest.raises(ValueError, match=(
+      rf"^config\.{field}={value!r} is invalid: .*; set --config\.{field}=")):
+    config_validation.validate(config)
+  config[field] = type(value)(1)
+  config_validation.validate(config)
