@@ -122,6 +122,11 @@ def test_resolve_data_dir(demo_config):
     ("tokenizer", "bpe", "unigram model but config.tokenizer is 'bpe'"),
     ("eval_split", "test", "no split 'test'.*--config.eval_split"),
     ("dataset", "no_such_dataset_xyz", "Unknown dataset 'no_such_dataset_xyz'"),
+    # An empty slice was blamed on the file format (tfds build ... array_record).
+    ("train_split", "train[:0%]", r"^Split 'train\[:0%\]' of .* selects no documents "
+     r"\(the split has \d+\); widen the slice, e\.g\. --config\.train_split=train\.$"),
+    ("eval_split", "validation[:1%]", r"^Split 'validation\[:1%\]' of .* selects no "
+     r".*--config\.eval_split=validation\.$"),
 ])
 def test_config_mismatch_errors_keep_everything(demo_config, demo_data, field, value, match):
   config = demo_config.copy_and_resolve_references()

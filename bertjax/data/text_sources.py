@@ -380,7 +380,17 @@ def _public_builder(config, tfds_dir: str | None,
 
 
 def _sized(source: units.TextSource, info: Any, split: str,
-           sentences: dict[str, int] | None) -> Split:
+           sentences: dict[str, int] | None, field: str = "train_split") -> Split:
+  try:
+    selected = info.splits[split].num_examples
+  except Exception:  # pylint: disable=broad-except  (left to the read below)
+    selected = None
+  if selected == 0:
+    full = info.splits[_base_split(split)].num_examples
+    raise ValueError(
+        f"Split {split!r} of {source.path} selects no documents (the split "
+        f"has {full}); widen the slice, e.g. "
+        f"--config.{field}={_base_split(split)}.")
   try:
     num_docs = len(source.open())
   except Exception as e:  # pylint: disable=broad-except
@@ -407,10 +417,17 @@ def text_sources(config, data_dir: str, engine: Engine) -> dict[str, Split]:
     info = tfds.builder_from_directory(dataset_dir).info
     _check_splits(config.dataset, info.splits, wanted)
     return {s: _sized(units.TextSource("own", dataset_dir, s, data_dir), info, s,
-                      info.metadata.get("num_sentences")) for s in wanted}
+                      info.metadata.get("num_sentences"), _field(s, wanted))
+            for s in wanted}
   tfds_dir = _public_data_dir(config, data_dir)
   builder = _public_builder(config, tfds_dir)
   _check_splits(config.dataset, builder.info.splits, wanted)
   return {s: _sized(units.TextSource("public", config.dataset, s, data_dir, tfds_dir,
-                                     config.text_feature), builder.info, s, None)
+                                     config.text_feature), builder.info, s, None,
+                    _field(s, wanted))
           for s in wanted}
+
+
+def _field(split: str, wanted: list[str]) -> str:
+  """The config field that asked for ``split`` (train first in ``wanted``)."""
+  return "train_split" if split == wanted[0] else "eval_split"
