@@ -492,3 +492,24 @@ def test_a_known_tfds_dataset_not_built_is_told_to_be_built(demo_config, tmp_pat
       r"first \(tfds build wikipedia/20230601\.en --file_format=array_record\)")):
     prepare.prepare(config, str(tmp_path / "data"))
   assert not (tmp_path / "data").exists()
+
+
+def test_a_dangling_link_or_a_named_pipe_among_text_files_is_named(tmp_path):
+  # A dangling link was refused as "permission denied"; a named pipe in a
+  # directory of text files hung prepare's reader for ever.
+  for kind in ("link", "pipe"):
+    corpus = tmp_path / kind
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("Some text. More text.")
+    if kind == "link":
+      os.symlink(tmp_path / "gone.txt", corpus / "b.txt")
+      match = r"b\.txt, one of --config\.text_files, is a broken symbolic link \(to "
+    else:
+      os.mkfifo(corpus / "b.txt")
+      match = r"b\.txt, one of --config\.text_files, is a named pipe, not a regular file"
+    with pytest.raises(ValueError, match=match):
+      builders.resolve_text_files(str(corpus))
+    with pytest.raises(ValueError, match=match):
+      builders.resolve_text_files(str(corpus / "*.txt"))
+    (corpus / "b.txt").unlink()
+    assert builders.resolve_text_files(str(corpus)) == [str(corpus / "a.txt")]

@@ -25,6 +25,7 @@ import glob
 import hashlib
 import os
 import re
+import stat
 import sys
 from typing import Iterable, Iterator, Sequence
 
@@ -191,8 +192,23 @@ def _require_readable(files: Sequence[str]) -> None:
   process may not read (a worker would fail on it mid-prepare)."""
   effective = os.access in os.supports_effective_ids
   for path in files:
-    if not paths.is_remote(path) and not os.access(path, os.R_OK,
-                                                   effective_ids=effective):
+    if paths.is_remote(path):
+      continue
+    if os.path.islink(path) and not os.path.exists(path):  # glob and os.walk list them
+      raise ValueError(
+          f"{path}, one of --config.text_files, is a broken symbolic link (to "
+          f"{os.readlink(path)!r}, which does not exist); remove it or leave it "
+          "out of --config.text_files.")
+    mode = os.stat(path).st_mode if os.path.exists(path) else stat.S_IFREG
+    if not stat.S_ISREG(mode):
+      # A named pipe would block prepare's reader forever.
+      kind = ("a named pipe" if stat.S_ISFIFO(mode) else "a socket"
+              if stat.S_ISSOCK(mode) else "a device")
+      raise ValueError(
+          f"{path}, one of --config.text_files, is {kind}, not a regular "
+          "file; write its text to a file first, or leave it out of "
+          "--config.text_files.")
+    if not os.access(path, os.R_OK, effective_ids=effective):
       raise ValueError(
           f"Cannot read {path} (permission denied), one of --config.text_files; "
           "make it readable or leave it out of --config.text_files.")
