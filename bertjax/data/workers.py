@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import multiprocessing.pool
 import os
 import signal
 import time
@@ -136,11 +137,36 @@ def run(run_unit: Callable[[Any], dict[str, Any]], tasks: Sequence[Any], *,
 _POOLS: dict[int, Any] = {}
 
 
+# How long the pool's terminate waits for the task queue's read lock.
+_QUEUE_LOCK_WAIT_S = 5.0
+
+
+class _Pool(multiprocessing.pool.Pool):
+  """A Pool whose terminate cannot hang on a worker that died in its queue.
+
+  An idle worker waits for its next task holding the task queue's read lock;
+  killed there (SIGTERM to the whole process group, e.g. while the pool idles
+  during the tokenizer's training), it leaves the lock taken for ever, and
+  ``Pool.terminate`` waited on that lock before stopping anything: prepare
+  hung instead of stopping with its one line and status 75. The queue is
+  drained as Pool does, with the lock when it comes within a few seconds,
+  without it otherwise (the workers are being stopped anyway).
+  """
+
+  @staticmethod
+  def _help_stuff_finish(inqueue, task_handler, size):
+    del size
+    inqueue._rlock.acquire(timeout=_QUEUE_LOCK_WAIT_S)  # pylint: disable=protected-access
+    while task_handler.is_alive() and inqueue._reader.poll():  # pylint: disable=protected-access
+      inqueue._reader.recv()  # pylint: disable=protected-access
+      time.sleep(0)
+
+
 def _pool(workers: int):
   if workers not in _POOLS:
     shutdown()
     context = multiprocessing.get_context("spawn")
-    _POOLS[workers] = context.Pool(workers, initializer=_init_worker)
+    _POOLS[workers] = _Pool(workers, initializer=_init_worker, context=context)
   return _POOLS[workers]
 
 
