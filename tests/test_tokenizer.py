@@ -154,3 +154,17 @@ def test_bad_tokenizer_settings(tmp_path, small_corpus):
     tokenizer_lib.train(small_corpus, str(tmp_path / "v.model"), 5)
   with pytest.raises(ValueError, match="does not exist"):
     tokenizer_lib.Tokenizer(str(tmp_path / "missing.model"))
+
+
+def test_an_interrupt_while_the_trainer_reads_is_not_an_empty_corpus(tmp_path):
+  # Ctrl-C (or prepare's SIGTERM stop) while sentencepiece read the sample
+  # came back as RuntimeError('INTERNAL: KeyboardInterrupt: <EMPTY MESSAGE>'),
+  # reported as "The tokenizer's training corpus is empty" (exit status 2).
+  def sentences():
+    for i in range(1000):
+      if i == 500:
+        raise KeyboardInterrupt
+      yield f"Sentence number {i} is here."
+  with pytest.raises(KeyboardInterrupt):
+    tokenizer_lib.train(sentences(), str(tmp_path / "t.model"), 400)
+  assert not (tmp_path / "t.model").exists()

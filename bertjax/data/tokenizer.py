@@ -233,10 +233,20 @@ def train(sentences: Iterable[str], model_path: str, vocab_size: int,
         f"vocab_size={vocab_size} leaves no room for text pieces; set "
         f"--config.vocab_size above {batch_lib.NUM_SPECIAL_TOKENS + 1}.")
 
+  # sentencepiece turns an exception raised while it reads the sentences
+  # (Ctrl-C, SIGTERM's stop, a read error) into RuntimeError('INTERNAL:
+  # KeyboardInterrupt: <EMPTY MESSAGE>'), which read as an empty corpus; it is
+  # raised again as itself.
+  raised: list[BaseException] = []
+
   def nonempty():
-    for sentence in sentences:
-      if sentence.strip():
-        yield from _trainer_lines(sentence)
+    try:
+      for sentence in sentences:
+        if sentence.strip():
+          yield from _trainer_lines(sentence)
+    except BaseException as e:  # pylint: disable=broad-except
+      raised.append(e)
+      raise
 
   spm.set_random_generator_seed(_TRAIN_SEED)
   model = io.BytesIO()
@@ -255,6 +265,8 @@ def train(sentences: Iterable[str], model_path: str, vocab_size: int,
         num_threads=num_threads,
         minloglevel=2)
   except RuntimeError as e:
+    if raised:
+      raise raised[0] from None
     too_high = _TOO_HIGH.search(str(e))
     if too_high:
       raise VocabTooLargeError(
