@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import multiprocessing.context
 import multiprocessing.pool
 import os
 import signal
@@ -42,9 +43,14 @@ def resolve_workers(value: int) -> int:
 
 def _init_worker() -> None:
   # A worker stops with its pool: Ctrl-C and SIGTERM go to the parent, which
-  # terminates the pool; handlers inherited from the program must not run here.
+  # terminates the pool (with SIGKILL, _Worker); handlers inherited from the
+  # program must not run here. A SIGTERM to the whole process group (a
+  # scheduler, kill -- -PGID) used to kill the workers themselves: one idle
+  # in the task queue died holding its lock, and every later task waited on
+  # that lock for ever (bertjax.main, which stops only at its next safe
+  # point, hung in its next prepare stage).
   signal.signal(signal.SIGINT, signal.SIG_IGN)
-  signal.signal(signal.SIGTERM, signal.SIG_DFL)
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 class Progress:
@@ -141,17 +147,27 @@ _POOLS: dict[int, Any] = {}
 _QUEUE_LOCK_WAIT_S = 5.0
 
 
+class _Worker(multiprocessing.context.SpawnProcess):
+  """A pool worker, stopped with SIGKILL: it ignores SIGTERM (_init_worker)."""
+
+  def terminate(self) -> None:
+    self.kill()
+
+
 class _Pool(multiprocessing.pool.Pool):
-  """A Pool whose terminate cannot hang on a worker that died in its queue.
+  """A Pool of _Worker processes whose terminate cannot hang on a dead worker.
 
   An idle worker waits for its next task holding the task queue's read lock;
-  killed there (SIGTERM to the whole process group, e.g. while the pool idles
-  during the tokenizer's training), it leaves the lock taken for ever, and
-  ``Pool.terminate`` waited on that lock before stopping anything: prepare
-  hung instead of stopping with its one line and status 75. The queue is
-  drained as Pool does, with the lock when it comes within a few seconds,
-  without it otherwise (the workers are being stopped anyway).
+  killed there (the OOM killer, kill -9 of one worker), it leaves the lock
+  taken for ever, and ``Pool.terminate`` waited on that lock before stopping
+  anything. The queue is drained as Pool does, with the lock when it comes
+  within a few seconds, without it otherwise (the workers are being killed).
   """
+
+  @staticmethod
+  def Process(ctx, *args, **kwds):  # pylint: disable=invalid-name
+    del ctx  # always spawn (_pool)
+    return _Worker(*args, **kwds)
 
   @staticmethod
   def _help_stuff_finish(inqueue, task_handler, size):
