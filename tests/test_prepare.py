@@ -513,3 +513,16 @@ def test_a_dangling_link_or_a_named_pipe_among_text_files_is_named(tmp_path):
       builders.resolve_text_files(str(corpus / "*.txt"))
     (corpus / "b.txt").unlink()
     assert builders.resolve_text_files(str(corpus)) == [str(corpus / "a.txt")]
+
+
+def test_a_file_named_twice_is_read_once(tmp_path, monkeypatch):
+  # 'corpus,/abs/corpus' listed every file twice: each became two documents
+  # with the same id.
+  corpus = tmp_path / "corpus"
+  corpus.mkdir()
+  for name in ("a.txt", "b.txt"):
+    (corpus / name).write_text("Some text. More text.")
+  monkeypatch.chdir(tmp_path)
+  found = builders.resolve_text_files(
+      f"corpus,{corpus},{corpus}/./a.txt,corpus/b.txt")
+  assert found == ["corpus/a.txt", "corpus/b.txt"]

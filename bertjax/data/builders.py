@@ -152,7 +152,13 @@ def resolve_text_files(text_files: str, outputs: Sequence[str] = ()) -> list[str
             os.path.join(root, f) for root, _, files in os.walk(match) for f in files))
       else:
         out.append(match)
-  files = list(dict.fromkeys(out))
+  # One file named twice (a relative and an absolute spelling, 'dir/./a.txt',
+  # a directory and a file in it) is read once: it was two documents of the
+  # same id, both in the same split.
+  unique: dict[str, str] = {}
+  for path in out:
+    unique.setdefault(path if paths.is_remote(path) else os.path.abspath(path), path)
+  files = list(unique.values())
   _require_readable(files)
   return files
 
