@@ -45,6 +45,20 @@ def slot_shortfall(config) -> str | None:
           "to mask at mask_rate.")
 
 
+def warmup_shortfall(config) -> str | None:
+  """A warning when the run ends before its warmup does (the learning rate
+  never reaches its peak, e.g. BERT-base's 10,000 warmup steps left in a
+  1,000-step run), else None."""
+  steps, warmup = int(config.num_train_steps), int(config.warmup_steps)
+  if not 0 < steps < warmup:
+    return None
+  return (f"warmup_steps={warmup} is longer than the run (num_train_steps="
+          f"{steps}): the learning rate rises to only {steps / warmup:.0%} of "
+          f"learning_rate={config.learning_rate:g} and never decays; set "
+          f"--config.warmup_steps below {steps}, e.g. "
+          f"--config.warmup_steps={max(steps // 10, 1)}.")
+
+
 def validate(config, *, variant: bool = True, devices: int | None = None,
              hosts: int | None = None) -> None:
   """Range and choice checks on the loop's config fields, and a mesh_shape
@@ -104,6 +118,9 @@ def validate(config, *, variant: bool = True, devices: int | None = None,
     _fail("num_train_steps", config.num_train_steps, "it must not be negative")
   if config.warmup_steps < 0:
     _fail("warmup_steps", config.warmup_steps, "it must not be negative")
+  short = warmup_shortfall(config)
+  if short:
+    logging.warning("%s", short)
   if not 0 < config.learning_rate < math.inf:  # also refuses NaN
     _fail("learning_rate", config.learning_rate, "it must be a positive number")
   check_optimizer_numbers(config)

@@ -204,3 +204,18 @@ def test_a_directory_named_like_a_config_does_not_hide_the_shipped_one(
   (tmp_path / "mine.py").mkdir()
   with pytest.raises(ValueError, match=r"No config file 'mine\.py' here"):
     config_files.load("mine.py:tiny")
+
+
+def test_a_warmup_longer_than_the_run_is_warned(caplog):
+  # BERT-base's 10,000 warmup steps in a 1,000-step run: the rate reached 10%
+  # of its peak, silently.
+  config = config_files.load("bert:tiny")
+  config.num_train_steps, config.warmup_steps = 1000, 10_000
+  with caplog.at_level("WARNING"):
+    config_validation.validate(config)
+  warned = [r.getMessage() for r in caplog.records if "warmup_steps" in r.getMessage()]
+  assert len(warned) == 1 and "only 10% of" in warned[0], warned
+  assert "--config.warmup_steps=100." in warned[0]
+  for steps in (0, 10_000, 20_000):
+    config.num_train_steps = steps
+    assert config_validation.warmup_shortfall(config) is None
