@@ -526,3 +526,18 @@ def test_a_file_named_twice_is_read_once(tmp_path, monkeypatch):
   found = builders.resolve_text_files(
       f"corpus,{corpus},{corpus}/./a.txt,corpus/b.txt")
   assert found == ["corpus/a.txt", "corpus/b.txt"]
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("tokenizer_sample_sentences", 0, r"^config\.tokenizer_sample_sentences=0 must be positive"),
+    ("tokenizer_train_threads", 0, r"^config\.tokenizer_train_threads=0 must be between 1 and 1024"),
+])
+def test_tokenizer_settings_are_checked_before_any_text_is_read(demo_config, tmp_path,
+                                                                field, value, match):
+  # Found only when the tokenizer trained, after the text was prepared: 0
+  # sentences as "the training corpus is empty", 0 threads as a traceback.
+  config = demo_config.copy_and_resolve_references()
+  config[field] = value
+  with pytest.raises(ValueError, match=match):
+    prepare.prepare(config, str(tmp_path / "data"))
+  assert not (tmp_path / "data").exists()

@@ -74,6 +74,19 @@ def engine_of(config, beam_runner: str = "",
     raise ValueError(
         f"config.prepare_block_mb={block_mb} must be positive; set it to the "
         f"MB of text per unit of work, e.g. 8.")
+  # Checked before any text is read: they only matter once the tokenizer
+  # trains (0 sentences read as an empty corpus, 0 threads was
+  # sentencepiece's traceback).
+  sample = config.get("tokenizer_sample_sentences", 1)
+  if int(sample) < 1:
+    raise ValueError(
+        f"config.tokenizer_sample_sentences={sample} must be positive; set it "
+        f"to the number of sentences the tokenizer trains on, e.g. 500000.")
+  threads = config.get("tokenizer_train_threads", 1)
+  if not 1 <= int(threads) <= 1024:
+    raise ValueError(
+        f"config.tokenizer_train_threads={threads} must be between 1 and 1024 "
+        f"(sentencepiece's limit); set it to e.g. 8.")
   return text_sources.Engine(
       workers=workers.resolve_workers(config.get("prepare_workers", 0)),
       block_bytes=int(block_mb * (1 << 20)), beam_runner=beam_runner,
