@@ -428,3 +428,33 @@ def test_nsp_and_sop_rebuild_rows_as_the_packer_writes_them(separators):
                                     err_msg=f"nsp {name} row {i}")
       np.testing.assert_array_equal(np.asarray(swapped[name][i]), want_sop[name],
                                     err_msg=f"sop {name} row {i}")
+
+
+@pytest.mark.parametrize("objective", ["bert", "albert", "unilm"])
+def test_a_single_segment_model_reads_segment_zero_in_pairs(objective, demo_data,
+                                                            demo_config):
+  # The sentence-pair layout marks B with segment 1. A model with one segment
+  # row (type_vocab_size 1, an imported RoBERTa's single_segment) must read 0
+  # there: a gather of the missing row would clamp to row 0 silently. The
+  # layout's mark stays for NSP negatives, SOP swaps and UniLM's masks.
+  from bertjax.data import pipeline
+  config = demo_config.copy_and_resolve_references()
+  config.objective, config.sop_swap_rate = objective, 0.5
+  config.unilm_mask_rates = (0.25, 0.25, 0.25, 0.25)
+  config.seq_len, config.max_predictions_per_seq, config.pair_separators = 32, 5, 2
+  batch = next(pipeline.make_train_iterator(config, demo_data.source("train"),
+                                            local_batch_size=8))
+  assert batch["segment_ids"].max() == 1
+  batch = jax.tree.map(jnp.asarray, batch)
+  masks = []
+  for fields, most in [({"type_vocab_size": 1}, 0),
+                       ({"type_vocab_size": 2, "single_segment": True}, 0),
+                       ({"type_vocab_size": 2}, 1)]:
+    c = config.copy_and_resolve_references()
+    c.update(fields)
+    inputs, _ = jax.jit(get_objective(c).corrupt)(jax.random.key(0), batch,
+                                                  jnp.int32(0))
+    assert int(inputs["segment_ids"].max()) == most, fields
+    masks.append(np.asarray(inputs.get("attention_mask", 0)))
+  # UniLM's seq2seq mask still reads the layout's A and B.
+  assert all(np.array_equal(m, masks[-1]) for m in masks)

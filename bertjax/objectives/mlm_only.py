@@ -29,6 +29,7 @@ import jax.numpy as jnp
 
 from bertjax.objectives import masking
 from bertjax.objectives import mlm
+from bertjax.objectives import segments
 
 
 class MlmOnlyObjective:
@@ -43,8 +44,7 @@ class MlmOnlyObjective:
     self.masking, self.dupe_factor = mlm.masking_schedule(config)
     self.attend_across_documents = bool(
         config.get("attend_across_documents", False))
-    self.single_segment = bool(config.get("single_segment", False)) or (
-        int(config.get("type_vocab_size", 2)) == 1)
+    self.single_segment = segments.single_segment(config)
 
   def corrupt(
       self, rng: jax.Array, batch: Mapping[str, jax.Array], step: jax.Array
@@ -62,9 +62,8 @@ class MlmOnlyObjective:
                             batch["word_starts"], batch["example_mask"],
                             self.mlm)
     doc_ids, positions = batch["doc_ids"], batch["positions"]
-    segment_ids = batch["segment_ids"]
-    if self.single_segment:
-      segment_ids = jnp.zeros_like(segment_ids)
+    segment_ids = segments.model_segment_ids(batch["segment_ids"],
+                                             self.single_segment)
     if self.attend_across_documents:
       doc_ids = (doc_ids > 0).astype(jnp.int32)
       positions = jnp.broadcast_to(

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from bertjax.objectives import masking
 from bertjax.objectives import mlm
 from bertjax.objectives import nsp
+from bertjax.objectives import segments
 
 
 class SentencePairObjective:
@@ -44,6 +45,8 @@ class SentencePairObjective:
   def __init__(self, config: Any):
     self.mlm = mlm.MlmSettings.from_config(config)
     self.masking, self.dupe_factor = mlm.masking_schedule(config)
+    # A single-segment model (an imported RoBERTa) reads B as segment 0.
+    self.single_segment = segments.single_segment(config)
     if config.layout != "sentence_pairs":
       raise ValueError(
           f"The {self.task.upper()} objective needs sentence pairs but "
@@ -77,7 +80,8 @@ class SentencePairObjective:
   ) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
     """Returns (model inputs, targets); see base.Objective.
 
-    Model inputs: tokens, segment_ids, positions, doc_ids int32 [B, L] and
+    Model inputs: tokens, segment_ids (all 0 for a single-segment model:
+    ``segments``), positions, doc_ids int32 [B, L] and
     masked_positions int32 [B, P]. Targets: mlm_targets int32 [B, P],
     mlm_weights float32 [B, P], ``<task>_labels`` int32 [B] (1 = negative)
     and example_mask bool [B].
@@ -92,7 +96,8 @@ class SentencePairObjective:
     masked = self.mask(streams[:, 0], pairs)
     inputs = {
         "tokens": masked["tokens"],
-        "segment_ids": pairs["segment_ids"],
+        "segment_ids": segments.model_segment_ids(pairs["segment_ids"],
+                                                  self.single_segment),
         "positions": pairs["positions"],
         "doc_ids": pairs["doc_ids"],
         "masked_positions": masked["masked_positions"],

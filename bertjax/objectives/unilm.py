@@ -34,6 +34,7 @@ from bertjax.objectives import bert
 from bertjax.objectives import masking
 from bertjax.objectives import mlm
 from bertjax.objectives import nsp
+from bertjax.objectives import segments
 from bertjax.objectives import unilm_masks
 
 
@@ -88,7 +89,9 @@ class UnilmObjective(bert.BertObjective):
     masked = self.mask(streams[:, 0], pairs)
     inputs = {
         "tokens": masked["tokens"],
-        "segment_ids": pairs["segment_ids"],
+        # The model's segments; the mask reads the layout's A/B mark.
+        "segment_ids": segments.model_segment_ids(pairs["segment_ids"],
+                                                  self.single_segment),
         "positions": pairs["positions"],
         "doc_ids": pairs["doc_ids"],
         "masked_positions": masked["masked_positions"],
