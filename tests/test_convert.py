@@ -323,6 +323,14 @@ def test_pretrained_bertjax_model_gives_same_logits_in_transformers(
   for text in ("The Python interpreter is easily extended.", "Dictionaries map keys."):
     assert hf_tok(text, add_special_tokens=False)["input_ids"] == [
         int(i) for i in ours.tokenizer.encode(text)[0]]
+  # Written as RoBERTa, the pooler and NSP head have no place: they are left
+  # out and said so (as DeBERTa's SOP head), and the rest loads.
+  as_roberta = str(tmp_path / "roberta")
+  assert workdir_lib.export_hf(workdir, as_roberta, model_type="roberta")[
+      "left_out"] == ["pooler", "nsp"]
+  _, info = transformers.RobertaForMaskedLM.from_pretrained(
+      as_roberta, output_loading_info=True)
+  assert info["missing_keys"] == [] and info["unexpected_keys"] == []
 
 
 def test_cli_imports_a_bare_encoder_and_says_which_heads_are_new(hf_bert, tmp_path):

@@ -291,7 +291,7 @@ def test_an_sop_config_keeps_its_sentence_head_fresh(hf_model, tmp_path):
   assert params["sop"]["kernel"].shape == (hidden, 2)
   assert np.abs(params["sop"]["kernel"]).max() > 0  # initialised, not zeros
   out = str(tmp_path / "hf")
-  workdir_lib.export_hf(workdir, out)
+  assert workdir_lib.export_hf(workdir, out)["left_out"] == ["pooler", "sop"]
   exported = safetensors_numpy.load_file(os.path.join(out, "model.safetensors"))
   original = safetensors_numpy.load_file(os.path.join(path, "model.safetensors"))
   assert set(exported) == set(original) - {"cls.predictions.decoder.weight",

@@ -40,7 +40,7 @@ _STEP = flags.DEFINE_integer("step", None, "Checkpoint step to export; default t
 _MODEL_TYPE = flags.DEFINE_string(
     "model_type", None, "HF model_type to export as; default the imported one, else "
     "the model's own (bert, albert, deberta-v2, electra, xlnet). 'roberta' writes a "
-    "bertjax BERT without sentence head as RoBERTa.")
+    "bertjax BERT as RobertaForMaskedLM (a pooler and NSP head are left out).")
 _OVERWRITE = flags.DEFINE_bool(
     "overwrite", False, "Let --to_hf replace an earlier export in its directory "
     "(only the files that export wrote are removed).")
@@ -67,6 +67,10 @@ def main(argv):
   if _TO_HF.value:
     result = workdir_lib.export_hf(_WORKDIR.value, _TO_HF.value, _STEP.value,
                                    _MODEL_TYPE.value, overwrite=_OVERWRITE.value)
+    if result.get("left_out"):
+      print(f"note: left out {', '.join(result['left_out'])}, which the HF class has "
+            "no place for (a BERT written as model_type bert keeps a pooler and "
+            "NSP head).")
     print(json.dumps({"exported_step": result["step"], "to": _TO_HF.value,
                       "tokenizer_files": result["tokenizer_files"],
                       **({"architecture": result["architecture"]}

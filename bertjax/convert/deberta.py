@@ -73,6 +73,8 @@ KEPT_WHOLE = ("deberta.embeddings.position_embeddings.weight",)
 # Parts of bertjax's model that no HF tensor holds: initialised afresh on
 # import where the config builds them (sentence_head), never exported.
 FRESH_ONLY = ("pooler", "sop")
+# What the export leaves out (and says so): those.
+NOT_EXPORTED = FRESH_ONLY
 # DebertaV2Tokenizer's defaults; v3 puts them at 0 [PAD], 1 [CLS], 2 [SEP],
 # 3 [UNK] and [MASK] after the sentencepiece pieces.
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")

@@ -24,6 +24,22 @@ things differ from ``bert.py``:
   default of 2 leaves an unused second row. The import records this as
   ``single_segment=True``, which ``bertjax.load(...).tokenize`` and the
   ``mlm_only`` objective of continued pretraining obey.
+* Sentence head. RobertaForMaskedLM has none, and config.json does not
+  choose one: as for BERT and DeBERTa, the import saves the params of the
+  base config's model (``workdir._with_base_choices``). With
+  ``configs/roberta.py`` (``sentence_head=False``) there is no pooler or NSP
+  head, and a bare RobertaModel's ``roberta.pooler`` is listed as ignored.
+  With a config that builds one (``configs/bert.py``, ``configs/unilm.py``:
+  NSP on sentence pairs) the pooler is read from ``roberta.pooler.dense``
+  where the checkpoint has it (a RobertaModel's, which transformers computes
+  the same way: dense + tanh over <s>) and freshly initialised otherwise, the
+  NSP head always (``FRESH_ONLY``); both are reported. The export writes
+  RobertaForMaskedLM and so leaves both out (``NOT_EXPORTED``) and says so.
+  That holds as well for a BERT pretrained in bertjax with its NSP head and
+  written with ``--model_type=roberta``: ``--model_type=bert`` keeps them.
+  ``model_fields``' ``sentence_head=False`` is the answer without a base
+  config (``bertjax.load`` of an HF directory); a config without the field
+  gets bertjax's BERT default, a sentence head.
 """
 
 from __future__ import annotations
@@ -40,10 +56,16 @@ BERTJAX_MODEL = "bert"
 BASE_CONFIG = "roberta"  # configs/roberta.py: MLM only, full-sentence rows
 HF_ARCHITECTURE = "RobertaForMaskedLM"
 BASE_PREFIX = "roberta."
-# Buffers, the tied decoder, and the pooler of a bare RobertaModel, which
-# RobertaForMaskedLM does not have either (it is reported as unused).
+# Buffers and the tied decoder. (A bare RobertaModel's pooler is read only
+# for a model with a sentence head, else reported as unused.)
 IGNORED = ("roberta.embeddings.position_ids", "roberta.embeddings.token_type_ids",
            "lm_head.decoder.weight", "lm_head.decoder.bias")
+# Parts of bertjax's model that no HF tensor holds: the NSP head, initialised
+# afresh on import where the config builds it.
+FRESH_ONLY = ("nsp",)
+# Parts the export leaves out, as RobertaForMaskedLM has no place for them:
+# those and the pooler (which an import reads from a RobertaModel).
+NOT_EXPORTED = ("pooler", "nsp")
 SPECIAL_TOKENS = ("<pad>", "<unk>", "<s>", "</s>", "<mask>")
 # RoBERTa's own tokenizer joins two segments as <s> A </s></s> B </s>; what
 # the tokenizer's files say comes first (pair_format: a RoBERTa pretrained in
@@ -84,6 +106,7 @@ def model_fields(hf_config: Mapping[str, Any]) -> dict[str, Any]:
         f"config.json has max_position_embeddings="
         f"{fields['max_position_embeddings']}, no room for positions after "
         f"padding_idx {pad}; is pad_token_id right?")
+  # sentence_head: the answer without a base config (see the module docstring).
   fields.update(max_position_embeddings=fields["max_position_embeddings"] - offset,
                 sentence_head=False, hf_model_type=MODEL_TYPE,
                 hf_position_offset=offset, single_segment=SINGLE_SEGMENT)
@@ -91,7 +114,7 @@ def model_fields(hf_config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def hf_config(config: Mapping[str, Any], pad_token_id: int) -> dict[str, Any]:
-  """The HF config.json of a bertjax RoBERTa (BERT without sentence head).
+  """The HF config.json of a bertjax RoBERTa (RobertaForMaskedLM).
 
   ``pad_token_id`` is the tokenizer's; the model's padding_idx is the one
   its position table was laid out for (``position_offset - 1``).
@@ -113,14 +136,13 @@ def _renamed(rule: R.Rule, old: str, new: str, **changes) -> R.Rule:
 
 
 def rules(config: Mapping[str, Any]) -> list[R.Rule]:
-  """Every tensor of ``RobertaForMaskedLM`` and where it lives in bertjax."""
-  if config.get("sentence_head", True):
-    raise ValueError(
-        "This bertjax BERT has a pooler and NSP head, which RobertaForMaskedLM "
-        "has no place for; export it as model_type 'bert' or train it with "
-        "sentence_head=False (configs/roberta.py).")
+  """Every tensor of ``RobertaForMaskedLM`` and where it lives in bertjax,
+  plus, for a model with a sentence head, a RobertaModel's pooler (read on
+  import where present, never exported: ``NOT_EXPORTED``)."""
   out = []
-  for rule in bert_mapping.rules({**config, "sentence_head": False}):
+  for rule in bert_mapping.rules(config):
+    if rule.head == "nsp":  # no HF tensor: FRESH_ONLY
+      continue
     if rule.hf.startswith("bert."):
       rule = _renamed(rule, "bert.", BASE_PREFIX)
       if rule.path == ("embeddings", "position_embeddings", "embedding"):
@@ -138,5 +160,6 @@ def rules(config: Mapping[str, Any]) -> list[R.Rule]:
 
 
 def build_model(config: Mapping[str, Any], dtype: Any):
-  """The bertjax module (BERT without sentence head) for explicit dimensions."""
-  return bert_mapping.build_model({**config, "sentence_head": False}, dtype)
+  """The bertjax module (BERT; sentence head as the config says, by default
+  one, as ``bertjax.models.bert.from_config``) for explicit dimensions."""
+  return bert_mapping.build_model(config, dtype)
