@@ -212,6 +212,14 @@ def test_a_roberta_continues_with_nsp_on_pairs_with_two_separators(tmp_path):
   out = str(tmp_path / "hf")
   result = workdir_lib.export_hf(workdir, out)
   assert result["left_out"] == ["pooler", "nsp"]
+  import subprocess
+  import sys
+  run = subprocess.run(
+      [sys.executable, "-m", "bertjax.convert", f"--to_hf={tmp_path / 'cli'}",
+       f"--workdir={workdir}"], capture_output=True, text=True,
+      cwd=os.path.dirname(os.path.dirname(__file__)))
+  assert run.returncode == 0, run.stderr[-2000:]
+  assert "note: left out pooler, nsp, which the HF class has no place for" in run.stdout
   exported = safetensors.numpy.load_file(os.path.join(out, "model.safetensors"))
   original = safetensors.numpy.load_file(str(roberta / "model.safetensors"))
   assert set(exported) == set(original) - {"lm_head.decoder.weight",
