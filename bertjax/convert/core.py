@@ -221,7 +221,7 @@ def hf_to_params(mapping: ModuleType, config: Mapping[str, Any],
       R.set_path(params, rule.path, R.to_bertjax(rule, array, shape, order))
   for head in getattr(mapping, "FRESH_ONLY", ()):
     # A part of the model that the HF class has no tensors for (DeBERTa's
-    # SOP head): fresh where the config builds it.
+    # SOP head, RoBERTa's NSP head): fresh where the config builds it.
     if head in shapes and head not in params:
       initialised.append(head)
       leaves = [(head, *p) for p in _leaf_paths(shapes[head])]
