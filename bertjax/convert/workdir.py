@@ -120,17 +120,13 @@ def _read_fields(hf_dir: str):
 
 # Model choices of the base config that an HF config.json does not make: the
 # checkpoint is saved with the params of the model the config builds (BERT
-# with configs/roberta.py: no pooler/NSP; those HF tensors are then ignored;
-# a RoBERTa with configs/bert.py: a pooler and NSP head, fresh if the
-# checkpoint lacks them). A mapping's own value (RoBERTa's
-# sentence_head=False) is the answer without a base config (``load_hf``).
+# with configs/roberta.py: no pooler/NSP, those HF tensors ignored; RoBERTa
+# with configs/bert.py: both, fresh). A mapping's own value is for load_hf.
 _BASE_CHOICES = ("sentence_head",)
 
 
 def _with_base_choices(read, base_config):
-  """``_read_fields``' result with the base config's ``_BASE_CHOICES``, as
-  the saved config will have them: the base config's value where it sets
-  one, else none (the model's default, which bertjax.main builds too)."""
+  """``read`` with the base config's ``_BASE_CHOICES``, none it leaves out."""
   mapping, fields, companion = read
   fields = {k: v for k, v in fields.items() if k not in _BASE_CHOICES}
   choices = {k: base_config[k] for k in _BASE_CHOICES if k in base_config}
@@ -437,15 +433,11 @@ def export_hf(workdir: str, out_dir: str, step: int | None = None,
     step: the checkpoint step; None for the latest.
     model_type: the HF model_type to write; None for the one the import
       recorded, else the default of config.model ('bert' or 'albert'). A
-      bertjax BERT can be written as 'roberta' (its pooler and NSP head, if
-      any, left out).
+      bertjax BERT can be written as 'roberta' (without pooler and NSP head).
     overwrite: replace an earlier export in ``out_dir`` (its files only).
 
   Returns:
-    {'step': the exported step, 'tokenizer_files': names written,
-    'left_out': parts of the model the HF class has no place for (the
-    mapping's ``NOT_EXPORTED``: the pooler and NSP head of a RoBERTa
-    continued with NSP, DeBERTa's SOP head), not written}.
+    {'step', 'tokenizer_files', 'left_out': the parts not written (``NOT_EXPORTED``)}.
   """
   from bertjax import batch as batch_lib
   from bertjax.convert import finetuned
@@ -477,8 +469,7 @@ def export_hf(workdir: str, out_dir: str, step: int | None = None,
   if hasattr(mapping, "fold_params"):  # e.g. DeBERTa-v3's embedding delta
     params = mapping.fold_params(dims, params)
   kept = kept_tensors(config)
-  # Parts the HF class has no place for (a sentence head an import added to
-  # a RoBERTa or DeBERTa): not written, and said so.
+  # A sentence head RobertaForMaskedLM / DebertaV2ForMaskedLM have no place for.
   left_out = [h for h in getattr(mapping, "NOT_EXPORTED", ()) if h in params]
   written_heads = {r.head for r in mapping.rules(dims)} - set(left_out)
   tensors = core.params_to_hf(mapping, dims, params, core.vocab_order(config), kept,
@@ -499,8 +490,7 @@ def export_hf(workdir: str, out_dir: str, step: int | None = None,
   files = tokenizer_files(config, workdir, out_dir)
   export_target.write_manifest(out_dir, written + files, workdir, step)
   if left_out:
-    logging.warning("%s has no place for bertjax's %s; they were left out of %s.",
-                    mapping.HF_ARCHITECTURE, " and ".join(left_out), out_dir)
+    logging.warning("Left out %s: %s has no place for them.", left_out, mapping.HF_ARCHITECTURE)
   return {"step": step, "tokenizer_files": files, "left_out": left_out}
 
 
