@@ -435,8 +435,9 @@ def test_a_single_segment_model_reads_segment_zero_in_pairs(objective, demo_data
                                                             demo_config):
   # The sentence-pair layout marks B with segment 1. A model with one segment
   # row (type_vocab_size 1, an imported RoBERTa's single_segment) must read 0
-  # there: a gather of the missing row would clamp to row 0 silently. The
-  # layout's mark stays for NSP negatives, SOP swaps and UniLM's masks.
+  # there: the lookup of a missing row gives NaN (a clamping gather, row 0
+  # silently). The layout's mark stays for NSP negatives, SOP swaps and
+  # UniLM's masks.
   from bertjax.data import pipeline
   config = demo_config.copy_and_resolve_references()
   config.objective, config.sop_swap_rate = objective, 0.5

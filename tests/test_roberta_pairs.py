@@ -197,7 +197,7 @@ def test_a_roberta_continues_with_nsp_on_pairs_with_two_separators(tmp_path):
   assert record["step"] == 2
   assert np.isfinite(record["mlm_loss"]) and np.isfinite(record["nsp_loss"])
   # The packed pairs have two separators; the model reads segment 0 only
-  # (JAX would clamp a gather of row 1: tests/test_objectives.py).
+  # (row 1 is missing; reading it made the loss NaN at step 1).
   docs = prepare.prepare(train_config, train_config.data_dir).source("train")
   batch = next(pipeline.make_train_iterator(train_config, docs, local_batch_size=8))
   rows = np.arange(8)

@@ -6,8 +6,9 @@ mask read that mark. A model with a single segment reads 0 everywhere
 instead: ``config.single_segment`` (an imported RoBERTa, whose tokenizer,
 pretraining and fine-tuning give every token segment 0, even where its
 checkpoint has an unused second row) or ``type_vocab_size`` 1, whose table
-has no row for 1 (a gather there would read row 0 silently, and the one-hot
-gradient would drop the rows of B).
+has no row for 1: bertjax's lookup (``jnp.take``) fills a missing row with
+NaN, which stopped a continued NSP run at its first step, and a clamping
+gather would read row 0 silently.
 """
 
 from __future__ import annotations
