@@ -33,6 +33,16 @@ from bertjax import paths
 _RUN_STARTED = (".bertjax.lock", "metrics.jsonl", "tensorboard")
 
 
+_NO_CHECKPOINT_YET = (
+    "{path} is a bertjax workdir whose run has saved no checkpoint yet; load "
+    "it once the first one is written (every config.checkpoint_every_steps "
+    "steps, and at the end).")
+
+
+def _run_started(path: str) -> bool:
+  return any(paths.exists(paths.join(path, name)) for name in _RUN_STARTED)
+
+
 def _is_hf_dir(path: str) -> bool:
   from bertjax.convert import hf_files
   return paths.exists(paths.join(path, "config.json")) and any(
@@ -362,7 +372,14 @@ def load(path: str, step: int | None = None):
     # Reads without the workdir's lock (a run may be training there) and
     # without orbax's notices about opening it read-only.
     with checkpointing.quiet_read_only():
-      config, params, _ = workdir_lib.load_params(path, step)
+      try:
+        config, params, _ = workdir_lib.load_params(path, step)
+      except ValueError as e:
+        if step is None and str(e).startswith("No checkpoint in") and _run_started(path):
+          # A run makes checkpoints/ as it starts, long before it fills it.
+          raise ValueError(_NO_CHECKPOINT_YET.format(path=path)) from None
+        # A missing step's fix, in this function's terms.
+        raise ValueError(str(e).replace("pass --step as", "pass step= as")) from None
     return Model(config, params, _workdir_tokenizer(config, paths.absolute(path)))
   if _is_hf_dir(path):
     if step is not None:
@@ -370,11 +387,8 @@ def load(path: str, step: int | None = None):
                        f"set of weights and no steps; leave step={step} out.")
     fields, params, initialised, _, tokenizer = workdir_lib.load_hf(path)
     return Model(fields, params, tokenizer, fresh_heads=initialised)
-  if any(paths.exists(paths.join(path, name)) for name in _RUN_STARTED):
-    raise ValueError(
-        f"{path} is a bertjax workdir whose run has saved no checkpoint yet; load "
-        "it once the first one is written (every config.checkpoint_every_steps "
-        "steps, and at the end).")
+  if _run_started(path):
+    raise ValueError(_NO_CHECKPOINT_YET.format(path=path))
   paths.require_bucket(path, "path")  # a mistyped bucket, said as such
   raise ValueError(
       f"{path} is neither a bertjax workdir (no checkpoints/) nor a Hugging Face "

@@ -74,6 +74,9 @@ def test_imported_workdir_loads_to_the_same_model(reference, loaded, tmp_path, d
   assert np.array_equal(again.embed(SENTENCES[:2]), loaded.embed(SENTENCES[:2]))
   # The freshly initialised MLM head is there to continue pretraining.
   assert again.encode(["hello"])["mlm_logits"].shape[-1] == 30522
+  # A step it lacks is named in this function's terms, not a flag's.
+  with pytest.raises(ValueError, match=r"pass step= as one of \[0\]"):
+    bertjax.load(str(tmp_path), step=7)
 
 
 def test_import_bertjax_stays_light_and_bad_paths_are_explained(tmp_path):
@@ -204,6 +207,10 @@ def test_a_workdir_before_its_first_checkpoint_says_so(tmp_path):
   started.mkdir()
   (started / ".bertjax.lock").write_text("")
   (started / "metrics.jsonl").write_text("")
+  with pytest.raises(ValueError, match="run has saved no checkpoint yet"):
+    bertjax.load(str(started))
+  # As a run leaves it before its first save: checkpoints/ made, still empty.
+  (started / "checkpoints").mkdir()
   with pytest.raises(ValueError, match="run has saved no checkpoint yet"):
     bertjax.load(str(started))
   with pytest.raises(ValueError, match="neither a bertjax workdir"):
