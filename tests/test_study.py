@@ -176,6 +176,16 @@ def test_bad_input_is_refused_before_training(demo_data, tmp_path):
                tasks=["coherence"], finetune_overrides=overrides, finetune_epochs=epochs)
   with pytest.raises(ValueError, match="'finetune', a fine-tuning config.*--tasks"):
     core.load_configs(["finetune"], "tiny")
+  # A pretraining value: the objective named and its fix in --set (was
+  # --config., nameless); a seq_len past the position table is said so, not
+  # taken for a budget too small.
+  for names, overrides, message in (
+      (["bert", "xlnet"], ["seq_len=32", "max_predictions_per_seq=5"],
+       r"^xlnet: max_predictions_per_seq=5 .*set --set=max_predictions_per_seq"),
+      (["bert"], ["seq_len=9999"], r"^bert: config\.seq_len=9999 is invalid.*--set=seq_len=")):
+    with pytest.raises(ValueError, match=message):
+      core.run(core.load_configs(names, "tiny", overrides), 1e12, str(tmp_path / "a"),
+               points=1, tasks=[])
   assert not (tmp_path / "a").exists()
   (tmp_path / "afile").write_text("mine")
   with pytest.raises(ValueError, match=r"--workdir=.*afile is a file"):

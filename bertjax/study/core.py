@@ -248,6 +248,9 @@ def plan(configs: Mapping[str, ml_collections.ConfigDict], budget: float, workdi
   plans = []
   for name, original in configs.items():
     config = ml_collections.ConfigDict(original.to_dict())
+    # Before the FLOPs, which a bad field (seq_len past the position table)
+    # would turn into a misleading "raise --flops".
+    _validate(name, config)
     per_step = flops_lib.step_flops(config)
     steps = [steps_for(b, per_step) for b in budgets]
     if len(set(steps)) < len(steps):
@@ -263,12 +266,22 @@ def plan(configs: Mapping[str, ml_collections.ConfigDict], budget: float, workdi
     key = data_key(config)
     if not config.get("data_dir"):
       config.data_dir = paths.join(paths.absolute(workdir), "data", key)
-    config_validation.validate(config)
+    _validate(name, config)
     plans.append(Plan(name=name, config=config, step_flops=per_step, budgets=budgets,
                       steps=steps, workdir=paths.join(paths.absolute(workdir), name,
                                                       "pretrain"),
                       data_key=key))
   return plans
+
+
+def _validate(name: str, config) -> None:
+  """``config_validation.validate``, its message naming the objective and
+  its fix spelt in this binary's flags (``--set``, not ``--config.``)."""
+  try:
+    config_validation.validate(config)
+  except ValueError as e:
+    message = re.sub(r"--config\.(\w+)", r"--set=\1", str(e))
+    raise ValueError(f"{name}: {message}") from None
 
 
 def finetune_config(task: str, overrides: Sequence[str] = (),
