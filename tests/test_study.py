@@ -186,6 +186,12 @@ def test_bad_input_is_refused_before_training(demo_data, tmp_path):
     with pytest.raises(ValueError, match=message):
       core.run(core.load_configs(names, "tiny", overrides), 1e12, str(tmp_path / "a"),
                points=1, tasks=[])
+  # One data_dir for two tokenizers: refused before the first prepares it.
+  shared = core.load_configs(["bert", "roberta"], "tiny", [f"data_dir={tmp_path / 'd'}"])
+  with pytest.raises(ValueError, match=r"^bert and roberta would share the data_dir "
+                     r".*\(tokenizer differs\)"):
+    core.run(shared, 1e12, str(tmp_path / "a"), points=1, tasks=[])
+  assert not (tmp_path / "d").exists()
   assert not (tmp_path / "a").exists()
   (tmp_path / "afile").write_text("mine")
   with pytest.raises(ValueError, match=r"--workdir=.*afile is a file"):

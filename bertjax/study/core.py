@@ -271,7 +271,24 @@ def plan(configs: Mapping[str, ml_collections.ConfigDict], budget: float, workdi
                       steps=steps, workdir=paths.join(paths.absolute(workdir), name,
                                                       "pretrain"),
                       data_key=key))
+  _check_shared_data_dirs(plans)
   return plans
+
+
+def _check_shared_data_dirs(plans: Sequence[Plan]) -> None:
+  """Refuses one data_dir (a ``--set=data_dir``) for objectives that
+  tokenize differently, before the first of them prepares it."""
+  by_dir: dict[str, Plan] = {}
+  for p in plans:
+    first = by_dir.setdefault(str(p.config.data_dir), p)
+    if first.data_key != p.data_key:
+      differ = [f for f in _DATA_FIELDS if first.config.get(f) != p.config.get(f)]
+      raise ValueError(
+          f"{first.name} and {p.name} would share the data_dir {p.config.data_dir} "
+          f"but prepare different data ({', '.join(differ)} "
+          f"{'differs' if len(differ) == 1 else 'differ'}); leave data_dir "
+          "unset so that each gets its own under <workdir>/data, or run them in "
+          "studies of their own.")
 
 
 def _validate(name: str, config) -> None:
