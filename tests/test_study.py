@@ -242,3 +242,25 @@ def test_a_result_recorded_before_config_hashes_is_reused_with_a_warning(tmp_pat
   path.write_text(json.dumps({"plan": plan.describe(), "finetuning": {}, "points": []}))
   assert core._load_result(plan, str(path), {})["points"] == []
   assert "config's hash" not in caplog.text
+
+
+def test_a_study_killed_before_its_first_point_is_refused_another_plan(demo_data, tmp_path,
+                                                                       monkeypatch):
+  # Killed while its objective trains to its first point (nothing recorded
+  # yet), then run again with another budget: refused as another plan before
+  # anything is prepared, not resumed from the first plan's checkpoints (whose
+  # warmup the new budget changes: refused in --config terms, after preparing).
+  configs = {"bert": _configs(demo_data)["bert"]}
+  per_step = flops.step_flops(configs["bert"])
+  workdir = str(tmp_path / "study")
+
+  def killed(p, step):
+    raise RuntimeError("killed")
+
+  monkeypatch.setattr(core, "_pretrain_to", killed)
+  with pytest.raises(RuntimeError, match="killed"):
+    core.run(configs, 4 * per_step, workdir, points=2, tasks=[])
+  from bertjax.data import prepare
+  monkeypatch.setattr(prepare, "prepare", killed)
+  with pytest.raises(ValueError, match=r"another plan: its budgets \(\["):
+    core.run(configs, 8 * per_step, workdir, points=2, tasks=[])

@@ -460,6 +460,12 @@ def run(configs: Mapping[str, ml_collections.ConfigDict], budget: float, workdir
   plans = plan(configs, budget, root, points=points, spacing=spacing)
   tasks = tuple(tasks)
   _check_tasks(tasks, finetune_overrides, finetune_epochs)
+  # Every recorded result is held against this plan before anything is
+  # prepared or trained (one of another plan refuses the study, not after
+  # the objectives before it have trained).
+  finetuning = {"overrides": list(finetune_overrides), "epochs": finetune_epochs}
+  result_paths = {p.name: paths.join(root, p.name, "result.json") for p in plans}
+  results = {p.name: _load_result(p, result_paths[p.name], finetuning) for p in plans}
   # Every prepare first: bad data fails before any training. The first config
   # of a data_dir makes its tokenizer and shards, the others reuse them (ERNIE
   # adds its knowledge-marked shards beside them).
@@ -467,11 +473,8 @@ def run(configs: Mapping[str, ml_collections.ConfigDict], budget: float, workdir
   for p in plans:
     prepare.prepare(p.config, p.config.data_dir)
 
-  results = {}
   for p in plans:
-    path = paths.join(root, p.name, "result.json")
-    result = _load_result(p, path, {"overrides": list(finetune_overrides),
-                                    "epochs": finetune_epochs})
+    path, result = result_paths[p.name], results[p.name]
     done = {pt["step"] for pt in result["points"]
             if set(pt.get("finetune", {})) >= set(tasks)}
     result["points"] = [pt for pt in result["points"] if pt["step"] in done]
@@ -479,6 +482,11 @@ def run(configs: Mapping[str, ml_collections.ConfigDict], budget: float, workdir
       if step in done:
         continue
       logging.info("Study: %s to step %d (%.3g FLOPs).", p.name, step, step * p.step_flops)
+      if not paths.exists(path):
+        # The plan is recorded before its first step, so that a study killed
+        # before its first point and run again with another budget or --set
+        # is refused as another plan (its checkpoints are this plan's).
+        paths.write_json(path, result, indent=1)
       point = {"budget": b, "step": step, "flops": step * p.step_flops,
                "over_budget": step * p.step_flops > b,
                "heldout": _pretrain_to(p, step), "finetune": {}}
@@ -488,7 +496,6 @@ def run(configs: Mapping[str, ml_collections.ConfigDict], budget: float, workdir
       result["points"].append(point)
       result["points"].sort(key=lambda pt: pt["step"])
       paths.write_json(path, result, indent=1)
-    results[p.name] = result
   record = report.study_record(plans, results, budget, tasks)
   report.write(root, record)
   return record
