@@ -311,7 +311,6 @@ class Model:
     if not isinstance(text, str):
       raise ValueError(f"fill_mask takes one text, not a {type(text).__name__}; "
                        "call it once per text.")
-    inputs, where = fill_mask_lib.mask_inputs(self, text)
     if self._replaced_token_detection:
       raise ValueError(
           "This is an ELECTRA-style checkpoint (ELECTRA, DeBERTa-v3): its "
@@ -327,6 +326,8 @@ class Model:
     if not self.has_mlm_head:
       raise ValueError("This checkpoint has no MLM head to fill masks with; "
                        "load a pretrained masked-LM checkpoint instead.")
+    # After the model's own refusals, which no text would get past.
+    inputs, where = fill_mask_lib.mask_inputs(self, text)
     logits = self.run(inputs)["mlm_logits"][0, where]
     probs = np.exp(logits - logits.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)

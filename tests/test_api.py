@@ -134,8 +134,10 @@ def test_fill_mask_on_an_electra_discriminator_or_xlnet_says_why_not(demo_data):
       core._boxed_init(module, jax.random.key(0))))
   model = api.Model(config, params, demo_data.tokenizer())
   assert not model.has_mlm_head
-  with pytest.raises(ValueError, match=r"^This is an ELECTRA-style checkpoint"):
-    model.fill_mask("A [MASK] returns a value.")
+  # Whatever the text (was: first told to add a [MASK], then refused).
+  for text in ("A [MASK] returns a value.", "No mask here."):
+    with pytest.raises(ValueError, match=r"^This is an ELECTRA-style checkpoint"):
+      model.fill_mask(text)
   out = model.encode(["A function returns a value."])
   assert "mlm_logits" not in out and out["rtd_logits"].shape == out["mask"].shape
   # XLNet never sees [MASK] in its input: refused too, with why.
