@@ -303,7 +303,9 @@ class Model:
     """
     from bertjax import fill_mask as fill_mask_lib
     most = int(self.config["vocab_size"]) - batch_lib.NUM_SPECIAL_TOKENS
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= most:
+    # A numpy integer counts as the int it is; a bool or a float does not.
+    if (isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer))
+        or not 1 <= top_k <= most):
       # Beyond ``most`` the special tokens, never proposed, would fill the list.
       raise ValueError(f"top_k={top_k!r} is invalid; pass the number of predictions "
                        f"wanted per [MASK], between 1 and {most} (the vocabulary's "
@@ -334,7 +336,7 @@ class Model:
     ranked = probs.copy()
     ranked[:, :batch_lib.NUM_SPECIAL_TOKENS] = -1.0
     out = []
-    for row, scores in zip(np.argsort(-ranked, axis=-1)[:, :top_k], probs):
+    for row, scores in zip(np.argsort(-ranked, axis=-1)[:, :int(top_k)], probs):
       out.append([{"token_id": int(i), "token": self.tokenizer.id_to_piece(int(i)),
                    "text": self.tokenizer.decode([int(i)]), "score": float(scores[i])}
                   for i in row])
@@ -390,6 +392,11 @@ def load(path: str, step: int | None = None):
     return Model(fields, params, tokenizer, fresh_heads=initialised)
   if _run_started(path):
     raise ValueError(_NO_CHECKPOINT_YET.format(path=path))
+  if paths.isdir(paths.join(path, "pretrain", "checkpoints")):
+    raise ValueError(
+        f"{path} is an objective's directory of a bertjax.study, not a workdir; "
+        f"load its pretraining run, {paths.join(path, 'pretrain')}, or one of its "
+        "fine-tuning runs, finetune/<task>/step_<N>.")
   paths.require_bucket(path, "path")  # a mistyped bucket, said as such
   raise ValueError(
       f"{path} is neither a bertjax workdir (no checkpoints/) nor a Hugging Face "

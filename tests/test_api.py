@@ -217,6 +217,11 @@ def test_a_workdir_before_its_first_checkpoint_says_so(tmp_path):
     bertjax.load(str(started))
   with pytest.raises(ValueError, match="neither a bertjax workdir"):
     bertjax.load(str(tmp_path / "nothing"))
+  # A study's objective directory: its pretraining run is one level down.
+  (tmp_path / "bert" / "pretrain" / "checkpoints").mkdir(parents=True)
+  with pytest.raises(ValueError, match=r"objective's directory of a bertjax\.study.*"
+                     r"load its pretraining run, .*bert/pretrain"):
+    bertjax.load(str(tmp_path / "bert"))
 
 
 def test_over_long_rows_keep_their_specials_and_cut_the_longest_segment(demo_config,
@@ -279,6 +284,7 @@ def test_texts_max_length_and_top_k_outside_their_range_are_refused(demo_config,
   # Beyond the vocabulary's non-special tokens the specials would be proposed.
   most = demo_config.vocab_size - 5
   assert len(model.fill_mask("The [MASK] sat.", top_k=most)[0]) == most
+  assert len(model.fill_mask("The [MASK] sat.", top_k=np.int64(3))[0]) == 3  # numpy's ints
   for bad in (0, most + 1, 2.5):
     with pytest.raises(ValueError, match=f"top_k={bad!r} is invalid"):
       model.fill_mask("The [MASK] sat.", top_k=bad)
