@@ -151,6 +151,9 @@ def test_bad_input_is_refused_before_training(demo_data, tmp_path):
     core.load_configs(["bret"], "tiny")
   with pytest.raises(ValueError, match="twice"):
     core.load_configs(["bert", "configs/bert.py"], "tiny")
+  with pytest.raises(ValueError, match="^--tasks names coherence twice"):
+    core.run({"bert": configs["bert"]}, 4 * per_step, str(tmp_path / "a"), points=2,
+             tasks=["coherence", "cloze_qa", "coherence"])
   # A field some objectives lack: one sentence naming who has it and who not.
   with pytest.raises(ValueError, match=r"^--set=sbo_max_offset=20 names a field of "
                      r"spanbert that bert has not, .* study of their own"):

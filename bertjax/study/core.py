@@ -459,6 +459,9 @@ def run(configs: Mapping[str, ml_collections.ConfigDict], budget: float, workdir
   root = paths.absolute(workdir)
   plans = plan(configs, budget, root, points=points, spacing=spacing)
   tasks = tuple(tasks)
+  twice = sorted({t for t in tasks if tasks.count(t) > 1})
+  if twice:
+    raise ValueError(f"--tasks names {', '.join(twice)} twice; name each task once.")
   _check_tasks(tasks, finetune_overrides, finetune_epochs)
   # Every recorded result is held against this plan before anything is
   # prepared or trained (one of another plan refuses the study, not after
