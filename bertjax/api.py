@@ -50,7 +50,9 @@ def _is_hf_dir(path: str) -> bool:
           hf_files.SAFETENSORS, hf_files.SAFETENSORS_INDEX, hf_files.TORCH_BIN))
 
 
-def _workdir_tokenizer(config: dict[str, Any], workdir: str):
+def _workdir_tokenizer(config: dict[str, Any], workdir: str,
+                       fix: str = "load the workdir the model was trained in, or set "
+                       "its data_dir."):
   if config.get("tokenizer") == "hf":
     from bertjax.convert import hf_tokenizers
     return hf_tokenizers.HfTokenizer(config["tokenizer_path"])
@@ -59,8 +61,7 @@ def _workdir_tokenizer(config: dict[str, Any], workdir: str):
   models = sorted(os.fspath(p) for p in paths.path(data_dir).glob("tokenizers/*.model"))
   if not models:
     raise ValueError(
-        f"No tokenizer under {data_dir}/tokenizers; load the workdir the model "
-        "was trained in, or set its data_dir.")
+        f"No tokenizer under {data_dir}/tokenizers; {fix}")
   return tokenizer_lib.Tokenizer(models[0])
 
 
@@ -343,7 +344,7 @@ class Model:
     return out
 
 
-def load(path: str, step: int | None = None):
+def load(path: str, step: int | None = None, data_dir: str | None = None):
   """Loads a bertjax workdir's checkpoint or a Hugging Face model directory.
 
   Args:
@@ -355,6 +356,9 @@ def load(path: str, step: int | None = None):
       fine-tuning workdir, its best evaluation's); the step of a workdir's
       ``best_checkpoint/`` too, which ``path`` may also name directly
       (``<workdir>/best_checkpoint``).
+    data_dir: for a pretraining workdir, the data_dir holding its tokenizer
+      (``tokenizers/``) when it is no longer where the run had it (the
+      workdir or the data copied or moved, e.g. a whole study's directory).
 
   Returns:
     A Model; for a fine-tuning workdir a ``finetune.inference.FineTuned``,
@@ -368,7 +372,12 @@ def load(path: str, step: int | None = None):
       and checkpointing.best_step(parent) is not None):
     # The best evaluation's checkpoint, named by its directory (a fine-tuning
     # workdir loads it by default).
-    return load(parent, None if inference.is_workdir(parent) else checkpointing.best_step(parent))
+    return load(parent, None if inference.is_workdir(parent) else checkpointing.best_step(parent),
+                data_dir)
+  pretraining = paths.isdir(paths.join(path, "checkpoints")) and not inference.is_workdir(path)
+  if data_dir is not None and not pretraining:
+    raise ValueError(f"data_dir={data_dir!r} is for a pretraining workdir's tokenizer; "
+                     f"{path} is not one: leave data_dir out.")
   if inference.is_workdir(path):
     return inference.load(path, step)
   if paths.isdir(paths.join(path, "checkpoints")):
@@ -383,7 +392,12 @@ def load(path: str, step: int | None = None):
           raise ValueError(_NO_CHECKPOINT_YET.format(path=path)) from None
         # A missing step's fix, in this function's terms.
         raise ValueError(str(e).replace("pass --step as", "pass step= as")) from None
-    return Model(config, params, _workdir_tokenizer(config, paths.absolute(path)))
+    if data_dir is not None:
+      config = {**config, "data_dir": paths.absolute(str(data_dir))}
+    return Model(config, params, _workdir_tokenizer(
+        config, paths.absolute(path),
+        "the run's data_dir moved or was removed? Pass the data_dir that holds its "
+        "tokenizers/ now: bertjax.load(path, data_dir=...)."))
   if _is_hf_dir(path):
     if step is not None:
       raise ValueError(f"{path} is a Hugging Face model directory, which holds one "

@@ -267,3 +267,25 @@ def test_a_study_killed_before_its_first_point_is_refused_another_plan(demo_data
   monkeypatch.setattr(prepare, "prepare", killed)
   with pytest.raises(ValueError, match=r"another plan: its budgets \(\["):
     core.run(configs, 8 * per_step, workdir, points=2, tasks=[])
+
+
+def test_a_pretraining_run_loads_with_its_tokenizer_moved(study, tmp_path):
+  # A study's runs read the tokenizer from <study>/data (here the demo data);
+  # moved (the study's directory copied elsewhere), bertjax.load takes where
+  # it is now, and says so when it is not found.
+  import shutil
+  import bertjax
+  configs, _, workdir, _ = study
+  run = os.path.join(workdir, "bert", "pretrain")
+  moved = tmp_path / "moved"
+  shutil.copytree(os.path.join(configs["bert"].data_dir, "tokenizers"), moved / "tokenizers")
+  model = bertjax.load(run, data_dir=str(moved))
+  assert model.config["data_dir"] == str(moved)
+  np.testing.assert_array_equal(model.tokenize(["A cat."])["tokens"],
+                                bertjax.load(run).tokenize(["A cat."])["tokens"])
+  with pytest.raises(ValueError, match=r"No tokenizer under .*gone/tokenizers; the run's "
+                     r"data_dir moved .*bertjax\.load\(path, data_dir=\.\.\.\)"):
+    bertjax.load(run, data_dir=str(tmp_path / "gone"))
+  with pytest.raises(ValueError, match="is for a pretraining workdir's tokenizer"):
+    bertjax.load(os.path.join(workdir, "bert", "finetune", "coherence", "step_6"),
+                 data_dir=str(moved))
