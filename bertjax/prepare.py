@@ -199,4 +199,6 @@ def _main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=cli.parse_flags)
+  # cli.run, as every binary: an unreachable object store (a gs:// workdir or
+  # data_dir) is one line and status 1, not gcsfs's tracebacks.
+  cli.run(main)

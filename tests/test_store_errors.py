@@ -49,3 +49,33 @@ def test_a_binary_says_it_in_one_line_with_status_1(tmp_path):
   assert "Traceback" not in proc.stderr
   assert proc.stderr.strip().splitlines()[-1].startswith(
       "error: cannot reach the object store for a gs:// path (Cannot connect"), proc.stderr
+
+
+def test_prepare_says_it_in_one_line_with_status_1(tmp_path):
+  """bertjax.prepare ran under absl's plain app.run: a gs:// workdir it could
+  not reach ended in gcsfs's retry tracebacks and aiohttp's own, status 1
+  with nothing saying what to check. The store is made unreachable where the
+  real one failed (the workdir's bucket checked before anything is read)."""
+  script = tmp_path / "prepare_unreachable.py"
+  script.write_text(
+      "import logging, runpy, sys\n"
+      "import aiohttp\n"
+      "from bertjax.data import layout\n"
+      "def unreachable(*args, **kwargs):\n"
+      "  error = aiohttp.ClientConnectionError('Cannot connect to host "
+      "storage.googleapis.com:443')\n"
+      "  try:\n"
+      "    raise error\n"
+      "  except aiohttp.ClientConnectionError:\n"
+      "    logging.getLogger('gcsfs').error('_request out of retries', exc_info=True)\n"
+      "  raise error\n"
+      "layout.check_directories = unreachable\n"
+      f"sys.argv = ['prepare', '--config=bert.py:tiny', '--workdir={tmp_path / 'w'}']\n"
+      "runpy.run_module('bertjax.prepare', run_name='__main__', alter_sys=True)\n")
+  proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                        cwd=tmp_path, timeout=300)
+  assert proc.returncode == 1, proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  assert proc.stderr.strip().splitlines()[-1].startswith(
+      "error: cannot reach the object store for a gs:// path (Cannot connect"), proc.stderr
+  assert not (tmp_path / "w").exists()
