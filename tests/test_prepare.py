@@ -484,13 +484,19 @@ def test_a_data_dir_being_prepared_is_refused_to_a_second_prepare(
 
 def test_a_known_tfds_dataset_not_built_is_told_to_be_built(demo_config, tmp_path):
   """wikipedia is in TFDS's catalog but not registered by `import
-  tensorflow_datasets`: it is named not prepared, with the tfds build fix."""
+  tensorflow_datasets`: it is named not prepared, with the tfds build fix.
+  That fix builds it into the run's data_dir, where prepare looks first, and
+  the message names that data_dir (it used to name only TFDS's default
+  directory, and its tfds build command built there)."""
   config = demo_config.copy_and_resolve_references()
   config.dataset = "wikipedia/20230601.en"
+  data_dir = str(tmp_path / "data")
   with pytest.raises(ValueError, match=(
-      r"^TFDS dataset 'wikipedia/20230601\.en' is not prepared in .*; prepare it "
-      r"first \(tfds build wikipedia/20230601\.en --file_format=array_record\)")):
-    prepare.prepare(config, str(tmp_path / "data"))
+      rf"^TFDS dataset 'wikipedia/20230601\.en' is not prepared in {re.escape(data_dir)} "
+      r"\(nor in TFDS's default .*\); prepare it first \(tfds build "
+      rf"wikipedia/20230601\.en --data_dir={re.escape(data_dir)} "
+      r"--file_format=array_record\)")):
+    prepare.prepare(config, data_dir)
   assert not (tmp_path / "data").exists()
 
 

@@ -352,13 +352,14 @@ def check_dataset(config, data_dir: str, entry: str = "") -> None:
           f"{fix} bertjax_python_docs.")
     _check_splits(config.dataset, ("train", "validation"), wanted, entry)
     return
-  builder = _public_builder(config, _public_data_dir(config, data_dir), fix)
+  builder = _public_builder(config, _public_data_dir(config, data_dir), fix, data_dir)
   _check_splits(config.dataset, builder.info.splits, wanted, entry)
 
 
 def _public_builder(config, tfds_dir: str | None,
-                    fix: str = "set --config.dataset to") -> Any:
-  """The prepared builder of a public TFDS dataset, or a ValueError with the fix."""
+                    fix: str = "set --config.dataset to", data_dir: str = "") -> Any:
+  """The prepared builder of a public TFDS dataset, or a ValueError with the
+  fix; ``data_dir``: the run's, looked in first and named in that fix."""
   name = config.dataset
   try:
     builder = _tfds_builder(name, tfds_dir)
@@ -372,9 +373,14 @@ def _public_builder(config, tfds_dir: str | None,
         f"Cannot open TFDS dataset {name!r} ({e}); "
         + _TF_EXTRA_HINT.format(name=name) + ".") from e
   if not builder.is_prepared():
+    # Looked for in the run's data_dir, then in TFDS's default: name both, and
+    # build it where the run looks first (not where a bare tfds build puts it).
+    where = (f"{data_dir} (nor in TFDS's default {builder.data_dir})"
+             if data_dir and tfds_dir is None else builder.data_dir)
+    to = f" --data_dir={data_dir}" if data_dir else ""
     raise ValueError(
-        f"TFDS dataset {name!r} is not prepared in {builder.data_dir}; prepare it "
-        f"first (tfds build {name} --file_format=array_record), bertjax never "
+        f"TFDS dataset {name!r} is not prepared in {where}; prepare it "
+        f"first (tfds build {name}{to} --file_format=array_record), bertjax never "
         f"downloads it.")
   return builder
 
@@ -420,7 +426,7 @@ def text_sources(config, data_dir: str, engine: Engine) -> dict[str, Split]:
                       info.metadata.get("num_sentences"), _field(s, wanted))
             for s in wanted}
   tfds_dir = _public_data_dir(config, data_dir)
-  builder = _public_builder(config, tfds_dir)
+  builder = _public_builder(config, tfds_dir, data_dir=data_dir)
   _check_splits(config.dataset, builder.info.splits, wanted)
   return {s: _sized(units.TextSource("public", config.dataset, s, data_dir, tfds_dir,
                                      config.text_feature), builder.info, s, None,
