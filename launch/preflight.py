@@ -128,6 +128,19 @@ def config_fits(config, slice_: topologies.Slice) -> None:
                                hosts=slice_.hosts)
     compat.allowed(config)
     config_validation.check_variant(config)
+    _local_text_named(config)
   except ValueError as e:
     raise ValueError(f"On a {slice_.accelerator_type} ({slice_.chips} chips): "
                      f"{e}") from None
+
+
+def _local_text_named(config) -> None:
+  """bertjax.main's refusal of local text named by no files (it needs the
+  same text_files it was prepared from, also when the data is prepared)."""
+  from bertjax.data import mixture
+  from bertjax.data import text_sources
+  inputs = [(c.dataset, c.text_files) for c in mixture.parse(config)] or [
+      (config.dataset, config.get("text_files", ""))]
+  for dataset, text_files in inputs:
+    if dataset.partition("/")[0] == "bertjax_local_text":
+      text_sources.check_local_text_named(dataset, text_files)

@@ -137,6 +137,9 @@ def test_on_demand_has_no_spot_flag(tmp_path):
      ["config.seq_len=1024", "max_position_embeddings (512)"]),
     (["--accelerator_type=v5p-8", "--", "--config.allow_changes=sequence_len"],
      ["allow_changes names 'sequence_len'"]),
+    # Local text named by no files: the workers' bertjax.main refused it.
+    (["--accelerator_type=v5p-8", "--", "--config.dataset=bertjax_local_text"],
+     ["bertjax_local_text needs input files", "--config.text_files"]),
     (["--accelerator_type=v5p-8", "--", "--config.bach_size=8"],
      ["did you mean --config.batch_size"]),
     (["--accelerator_type=v5p-8", "--", "--config.batch_size=many"], ["many"]),

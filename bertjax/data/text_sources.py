@@ -106,14 +106,10 @@ def _python_docs(data_dir: str) -> str:
   return os.fspath(builder.data_path)
 
 
-def local_text_files(dataset: str, text_files: str, data_dir: str | None = None,
-                     outputs: tuple[str, ...] = ()) -> list[str]:
-  """The files a ``bertjax_local_text`` input reads (reading only: globs
-  resolved, nothing opened); ValueError with the fix when its config name is
-  unknown, no files are given, a directory read whole holds one of ``outputs``
-  (the run's workdir and data_dir), or none match. None match but ``data_dir``
-  holds the text dataset prepared from the same ``text_files``: [] (the data
-  is there; the files may have moved since)."""
+def check_local_text_named(dataset: str, text_files: str) -> None:
+  """The refusals of a ``bertjax_local_text`` input that read no file (so the
+  TPU launcher can run them where the files are not): ValueError with the fix
+  for an unknown config name or no ``text_files``."""
   cfg = dataset.partition("/")[2] or "files"
   if cfg not in builders.LOCAL_TEXT_CONFIGS:
     raise ValueError(
@@ -123,6 +119,17 @@ def local_text_files(dataset: str, text_files: str, data_dir: str | None = None,
     raise ValueError(
         "bertjax_local_text needs input files; set --config.text_files to "
         "comma-separated paths or globs of UTF-8 text files.")
+
+
+def local_text_files(dataset: str, text_files: str, data_dir: str | None = None,
+                     outputs: tuple[str, ...] = ()) -> list[str]:
+  """The files a ``bertjax_local_text`` input reads (reading only: globs
+  resolved, nothing opened); ValueError with the fix when its config name is
+  unknown, no files are given, a directory read whole holds one of ``outputs``
+  (the run's workdir and data_dir), or none match. None match but ``data_dir``
+  holds the text dataset prepared from the same ``text_files``: [] (the data
+  is there; the files may have moved since)."""
+  check_local_text_named(dataset, text_files)
   found = builders.resolve_text_files(text_files, outputs)
   if not found:
     if data_dir is not None and _prepared_from(local_text_dir(data_dir, dataset),
