@@ -170,3 +170,35 @@ def test_the_demo_builder_says_it_prepares_and_downloads_nothing(tmp_path, capfd
   assert builder.is_prepared()
   assert "ownloading" not in printed and "downloaded" not in printed
   assert "bertjax_python_docs" in caplog.text and "download nothing" in caplog.text
+
+
+def test_symlinked_directories_a_named_directory_skips_are_named_once(tmp_path, caplog):
+  # A directory in text_files is walked without following links: its
+  # symlinked subdirectories were left out without a word. What is read stays
+  # (prepared corpora keep their fingerprint); the warning names them and the fix.
+  from bertjax.data import builders
+  corpus, elsewhere = tmp_path / "corpus", tmp_path / "elsewhere"
+  corpus.mkdir()
+  elsewhere.mkdir()
+  (corpus / "a.txt").write_text("Read. Text.")
+  (elsewhere / "b.txt").write_text("Linked. Text.")
+  os.symlink(elsewhere, corpus / "linked")
+  with caplog.at_level(logging.WARNING):
+    assert builders.resolve_text_files(str(corpus)) == [str(corpus / "a.txt")]
+    builders.resolve_text_files(str(corpus))  # prepare resolves several times
+  warned = [r.getMessage() for r in caplog.records if "symlinked" in r.getMessage()]
+  assert len(warned) == 1, warned
+  assert str(corpus / "linked") in warned[0]
+  assert f"'{corpus}/**'" in warned[0] and "after a comma" in warned[0]
+  # Either fix reads the linked files, and then nothing is said.
+  caplog.clear()
+  other = tmp_path / "other"
+  other.mkdir()
+  (other / "c.txt").write_text("More. Text.")
+  os.symlink(elsewhere, other / "linked")
+  with caplog.at_level(logging.WARNING):
+    assert builders.resolve_text_files(f"{other}/**") == [
+        str(other / "c.txt"), str(other / "linked" / "b.txt")]
+    assert builders.resolve_text_files(f"{other},{other}/linked") == [
+        str(other / "c.txt"), str(other / "linked" / "b.txt")]
+  assert not [r for r in caplog.records if "symlinked" in r.getMessage()]

@@ -136,7 +136,7 @@ def resolve_text_files(text_files: str, outputs: Sequence[str] = ()) -> list[str
   files; refuses, in one sentence, a local one that cannot be read, and a
   pattern that would read one of ``outputs`` (the run's workdir or data_dir,
   made or not yet) as text."""
-  out = []
+  out, linked = [], []
   for pattern in (p.strip() for p in text_files.split(",")):
     if not pattern:
       continue
@@ -148,8 +148,12 @@ def resolve_text_files(text_files: str, outputs: Sequence[str] = ()) -> list[str
     _refuse_reading_outputs(os.path.abspath(pattern), pattern, outputs)
     for match in sorted(glob.glob(pattern, recursive=True)):
       if os.path.isdir(match):
-        out.extend(sorted(
-            os.path.join(root, f) for root, _, files in os.walk(match) for f in files))
+        found = []
+        for root, dirs, files in os.walk(match):  # links to directories: not entered
+          found += [os.path.join(root, f) for f in files]
+          linked += [os.path.join(root, d) for d in dirs
+                     if os.path.islink(os.path.join(root, d))]
+        out.extend(sorted(found))
       else:
         out.append(match)
   # One file named twice (a relative and an absolute spelling, 'dir/./a.txt',
@@ -160,7 +164,35 @@ def resolve_text_files(text_files: str, outputs: Sequence[str] = ()) -> list[str
     unique.setdefault(path if paths.is_remote(path) else os.path.abspath(path), path)
   files = list(unique.values())
   _require_readable(files)
+  _warn_skipped_links(linked, unique)
   return files
+
+
+# Symlinked directories already named in a warning (resolve_text_files runs
+# several times per prepare).
+_WARNED_LINKS: set[str] = set()
+
+
+def _warn_skipped_links(linked: Sequence[str], read: Iterable[str]) -> None:
+  """Warns once about symlinked directories that a directory named in
+  text_files holds and os.walk did not enter (nor another pattern named).
+  They stay unread: reading them would change the files, and so the
+  fingerprint, of corpora prepared before."""
+  prefixes = tuple(os.path.abspath(p) + os.sep for p in linked)
+  covered = {p for p in prefixes for f in read if f.startswith(p)}
+  skipped = [p for p, full in zip(linked, prefixes)
+             if full not in covered and full not in _WARNED_LINKS]
+  if not skipped:
+    return
+  _WARNED_LINKS.update(os.path.abspath(p) + os.sep for p in skipped)
+  logging.warning(
+      "--config.text_files skips %d symlinked director%s (%s): a directory it "
+      "names is read without following links; to read %s, add %s to "
+      "--config.text_files after a comma or name a glob, which follows links "
+      "(e.g. '%s').", len(skipped), "y" if len(skipped) == 1 else "ies",
+      ", ".join(skipped), "it" if len(skipped) == 1 else "them",
+      "it" if len(skipped) == 1 else "them",
+      os.path.join(os.path.dirname(skipped[0]), "**"))
 
 
 def _matches(pattern: str, path: str) -> bool:
