@@ -289,3 +289,62 @@ def test_a_pretraining_run_loads_with_its_tokenizer_moved(study, tmp_path):
   with pytest.raises(ValueError, match="is for a pretraining workdir's tokenizer"):
     bertjax.load(os.path.join(workdir, "bert", "finetune", "coherence", "step_6"),
                  data_dir=str(moved))
+
+
+def test_a_rerun_with_fewer_objectives_keeps_the_earlier_ones_of_its_plan(tmp_path,
+                                                                          monkeypatch):
+  # First --configs=bert,roberta,..., then --configs=bert in the same directory:
+  # study.json/.md/.png held bert alone, though roberta's result.json was kept.
+  # Recorded results stand in for the first run; nothing is prepared or trained.
+  from bertjax import finetune
+  from bertjax import train
+  from bertjax.data import prepare
+
+  def refuse(*args, **kwargs):
+    raise AssertionError("the rerun prepared or trained")
+
+  monkeypatch.setattr(train, "train_and_evaluate", refuse)
+  monkeypatch.setattr(finetune, "run", refuse)
+  monkeypatch.setattr(prepare, "prepare", lambda *args: None)  # reuses what it made
+  configs = core.load_configs(["bert", "roberta", "albert", "electra"], "tiny", SHRINK)
+  budget = 4.5 * flops.step_flops(configs["bert"])
+  root = tmp_path / "study"
+  plans = {p.name: p for p in core.plan(configs, budget, str(root), points=2)}
+
+  def recorded(name, plan=None, steps=None):
+    p = plans[name]
+    points = [{"budget": b, "step": s, "flops": s * p.step_flops, "over_budget": False,
+               "heldout": {"mlm_accuracy": 0.1, "baseline_mlm_accuracy": 0.05},
+               "finetune": {"coherence": {"main_metric": "accuracy", "score": 0.5}}}
+              for b, s in zip(p.budgets, steps or p.steps)]
+    (root / name).mkdir(parents=True)
+    (root / name / "result.json").write_text(json.dumps({
+        "plan": plan or p.describe(), "points": points,
+        "finetuning": {"overrides": [], "epochs": None}}))
+
+  recorded("bert")
+  recorded("roberta")  # the same plan: kept
+  recorded("albert", plan={**plans["albert"].describe(),
+                           "budgets": [2 * b for b in plans["albert"].budgets]})
+  recorded("electra", steps=plans["electra"].steps[:1])  # killed after its first point
+  record = core.run({"bert": configs["bert"]}, budget, str(root), points=2, tasks=[],
+                    size="tiny", overrides=SHRINK)
+  assert list(record["objectives"]) == ["bert", "roberta"]
+  assert record["objectives"]["roberta"]["points"][-1]["step"] == plans["roberta"].steps[-1]
+  assert json.loads((root / "study.json").read_text()) == json.loads(json.dumps(record))
+  table = (root / "study.md").read_text()
+  first = table.split("Along the way")[0]
+  assert [l.split("|")[1].strip() for l in first.splitlines()
+          if l.startswith("| ") and "---" not in l][1:] == ["bert", "roberta"]
+  assert ("Left out (recorded here by earlier runs): albert (its budgets differs), "
+          "electra (unfinished); run them again") in table
+  # With another --set, roberta's config is not the one its result was made
+  # with; without --size (a library call), its config cannot be rebuilt.
+  from bertjax.study import earlier
+  finetuning = {"overrides": [], "epochs": None}
+  kept, _, left_out = earlier.collect(str(root), ["bert"], finetuning, [], earlier.rebuilder(
+      "tiny", SHRINK + ["learning_rate=0.5"], budget, str(root), 2, "log"))
+  assert not kept
+  assert "roberta (its pretraining config differs: another --size or --set)" in left_out
+  assert ("roberta (this run was not given --size to rebuild its config)"
+          in earlier.collect(str(root), ["bert"], finetuning, [], None)[2])

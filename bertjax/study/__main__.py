@@ -54,7 +54,8 @@ def main(argv):
   record = core.run(configs, _FLOPS.value, _WORKDIR.value, points=_POINTS.value,
                     spacing=_SPACING.value, tasks=_TASKS.value,
                     finetune_overrides=_FINETUNE_SET.value,
-                    finetune_epochs=_FINETUNE_EPOCHS.value)
+                    finetune_epochs=_FINETUNE_EPOCHS.value, size=_SIZE.value,
+                    overrides=_SET.value)
   print(report.markdown(record), flush=True)
 
 

@@ -378,12 +378,9 @@ def _pretrain_to(p: Plan, step: int) -> dict[str, float]:
 
 
 def finetune_unavailable(config) -> str | None:
-  """Why ``bertjax.finetune`` cannot take this config's encoder, or None.
-
-  Fine-tuning reads an encoder through its Hugging Face mapping
-  (bertjax/convert); a model without one (SpanBERT today) is pretrained and
-  evaluated held-out, and its fine-tuning scores are left empty.
-  """
+  """Why ``bertjax.finetune`` cannot take this config's encoder (it reads one
+  through its Hugging Face mapping, bertjax/convert), or None: such a model is
+  pretrained and evaluated held-out, its fine-tuning scores left empty."""
   from bertjax import convert
   try:
     convert.mapping_for_config(config.to_dict())
@@ -435,8 +432,8 @@ def _load_result(p: Plan, path: str, finetuning: dict[str, Any]) -> dict[str, An
 
 def run(configs: Mapping[str, ml_collections.ConfigDict], budget: float, workdir: str, *,
         points: int = 3, spacing: str = "log", tasks: Sequence[str] = DEFAULT_TASKS,
-        finetune_overrides: Sequence[str] = (), finetune_epochs: float | None = None
-        ) -> dict[str, Any]:
+        finetune_overrides: Sequence[str] = (), finetune_epochs: float | None = None,
+        size: str | None = None, overrides: Sequence[str] = ()) -> dict[str, Any]:
   """Runs (or resumes) the study; writes and returns its table.
 
   Args:
@@ -447,11 +444,12 @@ def run(configs: Mapping[str, ml_collections.ConfigDict], budget: float, workdir
     tasks: fine-tuning tasks (configs/finetune.py); empty to skip fine-tuning.
     finetune_overrides: ``FIELD=VALUE`` for every fine-tuning config.
     finetune_epochs: overrides the fine-tuning configs' num_epochs.
+    size, overrides: ``load_configs``' arguments, for earlier runs' objectives (earlier.py).
 
   Returns:
     The study record written to ``study.json`` (bertjax/study/report.py).
   """
-  from bertjax.study import report
+  from bertjax.study import earlier, report
   report.check_plotting()
   paths.require_directory(workdir, "--workdir")
   paths.require_bucket(workdir, "--workdir")
@@ -499,6 +497,7 @@ def run(configs: Mapping[str, ml_collections.ConfigDict], budget: float, workdir
       result["points"].append(point)
       result["points"].sort(key=lambda pt: pt["step"])
       paths.write_json(path, result, indent=1)
-  record = report.study_record(plans, results, budget, tasks)
+  rebuild = earlier.rebuilder(size, overrides, budget, root, points, spacing)
+  record = earlier.record(root, plans, results, budget, tasks, finetuning, rebuild)
   report.write(root, record)
   return record

@@ -17,6 +17,11 @@ from bertjax import paths
 PANEL_INCHES = (4.0, 3.5)
 DPI = 100
 _MLM = "mlm_accuracy"
+# Record keys, present only when a rerun found objectives of earlier runs in
+# its directory (bertjax/study/earlier.py): those kept, and the line naming
+# those left out.
+EARLIER = "earlier_objectives"
+LEFT_OUT = "left_out"
 
 
 def check_plotting() -> None:
@@ -96,6 +101,11 @@ def markdown(record: Mapping[str, Any]) -> str:
                         if "unavailable" in ft})
   if unavailable:
     lines += ["", "Not fine-tuned (—): " + " ".join(unavailable)]
+  if record.get(EARLIER):
+    lines += ["", "From earlier runs in this directory, with the same plan: "
+              f"{', '.join(record[EARLIER])}."]
+  if record.get(LEFT_OUT):
+    lines += ["", record[LEFT_OUT]]
   lines += ["", "Along the way:", ""]
   head = ["objective", "budget", "step", "FLOPs spent", "held-out MLM acc"] + list(tasks)
   lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
