@@ -362,6 +362,33 @@ def test_every_config_field_is_in_the_compatibility_table():
     assert compat.kind_of(field) is not None, field
 
 
+def test_the_readme_resume_table_names_each_field_as_the_code_does():
+  # README's safe row listed tokenizer_path as if every config had it, but no
+  # shipped pretraining config does (--config.tokenizer_path is an unknown
+  # field there; an import's config.json records it), and its layout row's
+  # "an import's hf_*" took in hf_kept_tensors, which the code treats as safe.
+  import re
+  readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+  shipped = {f.rsplit(".", 1)[-1] for _, config in _shipped_configs()
+             for f in compat.field_names(config)}
+  checked = 0
+  for kind in (compat.LAYOUT, compat.STREAM, compat.SAFE):
+    row = next(l for l in readme.splitlines() if l.startswith(f"  | {kind}"))
+    fields = row.split("|")[2]
+    imports = {n for group in re.findall(r"an import's ((?:`\w+`(?:, | and )?)+)", fields)
+               for n in re.findall(r"`(\w+)`", group)}
+    for name in re.findall(r"`(\w+\*?)`", fields):
+      if name.endswith("*"):  # every field of that prefix
+        matching = [f for f in compat.FIELDS if f.startswith(name[:-1])]
+        assert matching and all(compat.FIELDS[f] == kind for f in matching), (name, kind)
+        continue
+      assert compat.kind_of(name) == kind, (name, kind)
+      assert name in shipped or name in imports, (
+          f"{name} is in no shipped config; the {kind} row must call it an import's")
+      checked += 1
+  assert checked > 40
+
+
 def test_unclassified_field_needs_allow_changes():
   config = {"seq_len": 32, "my_own_field": 2}
   with pytest.raises(compat.IncompatibleCheckpoint, match="allow_changes=my_own_field"):
