@@ -202,3 +202,52 @@ def test_symlinked_directories_a_named_directory_skips_are_named_once(tmp_path, 
     assert builders.resolve_text_files(f"{other},{other}/linked") == [
         str(other / "c.txt"), str(other / "linked" / "b.txt")]
   assert not [r for r in caplog.records if "symlinked" in r.getMessage()]
+
+
+def test_an_hf_tokenizer_for_pretraining_from_scratch_is_refused_before_any_text(
+    demo_config, tmp_path):
+  # 'hf' is an import's tokenizer; bertjax trains none. A shipped config with
+  # --config.tokenizer=hf prepared the whole text dataset, then asked for
+  # --config.tokenizer_path, a field no shipped config has.
+  config = demo_config.copy_and_resolve_references()
+  config.tokenizer = "hf"
+  with pytest.raises(ValueError, match=(
+      r"^config\.tokenizer='hf' names an imported model's own tokenizer .* and bertjax "
+      r"trains none; to pretrain from scratch set --config\.tokenizer to unigram, bpe "
+      r"or bpe_bytes")):
+    prepare.prepare(config, str(tmp_path / "data"))
+  assert not (tmp_path / "data").exists()
+
+
+def test_pairs_are_packed_as_an_hf_tokenizer_joins_them_or_refused(demo_config, tmp_path,
+                                                                  caplog):
+  # A config naming an HF tokenizer directory (tokenizer_path) whose files
+  # join a pair with two separators packed its sentence pairs with one unless
+  # pair_separators was set, while encode and fine-tuning read two.
+  import json
+  tok = tmp_path / "tokenizer"
+  tok.mkdir()
+  (tok / "tokenizer.json").write_text(json.dumps({"post_processor": {
+      "type": "RobertaProcessing", "sep": ["</s>", 2], "cls": ["<s>", 0]}}))
+  config = demo_config.copy_and_resolve_references()
+  assert config.layout == "sentence_pairs"
+  config.tokenizer, config.tokenizer_path = "hf", str(tok)
+  with pytest.raises(ValueError, match=(
+      r"^The tokenizer in .*tokenizer joins a pair with 2 separators \(its files\) but "
+      r"this config, which does not set pair_separators, packs sentence pairs with 1; "
+      r"add pair_separators = 2 to the config file")):
+    prepare.check_inputs(config)
+  config.pair_separators = 2  # what an import records
+  with caplog.at_level(logging.WARNING):
+    prepare.check_inputs(config)
+  assert "separator" not in caplog.text
+  # An import from before imports recorded it keeps the one it trained with.
+  del config["pair_separators"]
+  config.hf_special_ids = [1, 3, 0, 2, 50264]
+  with caplog.at_level(logging.WARNING):
+    prepare.check_inputs(config)
+  assert "packed with 1 separator(s) (config.pair_separators, unset: an import" in caplog.text
+  # No pairs, nothing to agree on; bertjax's own tokenizers are not read.
+  config.layout = "full_sentences"
+  del config["hf_special_ids"]
+  prepare.check_inputs(config)

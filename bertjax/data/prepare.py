@@ -183,6 +183,7 @@ def check_inputs(config, data_dir: str | None = None, workdir: str | None = None
     raise ValueError(
         f"Unknown tokenizer type {config.tokenizer!r}; set --config.tokenizer to "
         f"one of {', '.join(tokenizer_lib.MODEL_TYPES)}.")
+  tokenizer_fit.check_imported(config)
   outputs = tuple(p for p in (workdir, data_dir) if p)
   corpora = mixture.parse(config)
   inputs = [(c.dataset, c.text_files,

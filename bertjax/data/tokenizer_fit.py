@@ -127,6 +127,64 @@ def train_tokenizer(config, path: str, trains: Sequence[text_sources.Split],
   return tok
 
 
+def _imported_dir(config) -> str:
+  """config.tokenizer_path of a ``tokenizer='hf'`` config; ValueError with the
+  fix where it names no directory."""
+  path = config.get("tokenizer_path") or ""
+  if not path or not paths.isdir(path):  # a gs:// import's too
+    raise ValueError(
+        f"config.tokenizer='hf' needs the imported tokenizer directory, but "
+        f"config.tokenizer_path={path!r} is not one; point --config.tokenizer_path "
+        "at <workdir>/tokenizer written by `python -m bertjax.convert`.")
+  return path
+
+
+def check_imported(config) -> None:
+  """Refuses, reading only, a ``tokenizer='hf'`` config without a tokenizer
+  to read, or whose sentence pairs would be packed with other separators than
+  that tokenizer joins a pair with (bertjax/convert/pair_format.py), which
+  ``bertjax.load(...).encode``, fine-tuning and an export follow.
+
+  'hf' names an imported model's own tokenizer, which its config records in
+  ``tokenizer_path`` with ``pair_separators`` read from the same files;
+  bertjax trains no 'hf' tokenizer, so a config without tokenizer_path (every
+  shipped pretraining config) is refused. A tokenizer_path without
+  pair_separators whose files say two is refused too, except in an import
+  from before imports recorded it (kept at one, as it trained, with a
+  warning); a pair_separators the config sets is its choice (a warning).
+  """
+  if config.get("tokenizer") != "hf":
+    return
+  if "tokenizer_path" not in config:
+    raise ValueError(
+        "config.tokenizer='hf' names an imported model's own tokenizer (python -m "
+        "bertjax.convert --from_hf, then --config=configs/hf.py:WORKDIR) and bertjax "
+        "trains none; to pretrain from scratch set --config.tokenizer to unigram, "
+        "bpe or bpe_bytes (a byte-level BPE, as RoBERTa's).")
+  path = _imported_dir(config)
+  if config.get("layout") != "sentence_pairs":
+    return  # no pairs are packed
+  from bertjax import compat
+  from bertjax.convert import pair_format
+  said = pair_format.files_say(paths.fetched(path))
+  packed = int(config.get("pair_separators", 1))
+  if said is None or said == packed:
+    return
+  if "pair_separators" not in config and not compat.is_import(config):
+    raise ValueError(
+        f"The tokenizer in {path} joins a pair with {said} separators (its files) "
+        f"but this config, which does not set pair_separators, packs sentence pairs "
+        f"with {packed}; add pair_separators = {said} to the config file (or "
+        f"pair_separators = {packed} to keep a run that trained with {packed}).")
+  logging.warning(
+      "Sentence pairs are packed with %d separator(s) (config.pair_separators%s) but "
+      "the tokenizer in %s joins a pair with %d, as bertjax.load(...).encode, "
+      "fine-tuning and an export will; import the model again into a new workdir to "
+      "pretrain with its template.", packed,
+      "" if "pair_separators" in config else ", unset: an import from before it was "
+      "recorded", path, said)
+
+
 def tokenizer_for(config, data_dir: str, key: str,
                   trains: Sequence[text_sources.Split],
                   engine: text_sources.Engine, label: str):
@@ -136,12 +194,7 @@ def tokenizer_for(config, data_dir: str, key: str,
   imported model's own tokenizer at ``config.tokenizer_path``, never retrained.
   """
   if config.tokenizer == "hf":
-    path = config.get("tokenizer_path") or ""
-    if not path or not paths.isdir(path):  # a gs:// import's too
-      raise ValueError(
-          f"config.tokenizer='hf' needs the imported tokenizer directory, but "
-          f"config.tokenizer_path={path!r} is not one; point --config.tokenizer_path "
-          "at <workdir>/tokenizer written by `python -m bertjax.convert`.")
+    path = _imported_dir(config)
     tok = units.load_tokenizer(path)
     if tok.vocab_size != config.vocab_size:
       raise ValueError(
