@@ -5,6 +5,7 @@ import logging
 import os
 import re
 import time
+import types
 
 import numpy as np
 import pytest
@@ -386,6 +387,41 @@ def test_public_tfds_text_dataset(demo_config, tmp_path):
   assert len(doc["sentence_lengths"]) > 1
   assert doc["word_starts"][np.cumsum(doc["sentence_lengths"]) - doc["sentence_lengths"]].all()
   assert tok.decode(doc["tokens"]).count(" ") >= len(doc["tokens"]) // 4
+
+
+@pytest.mark.parametrize("copy_in_data_dir", [True, False])
+def test_an_unreadable_tfds_copy_is_told_to_be_rebuilt_where_the_run_looks(
+    demo_config, tmp_path, monkeypatch, copy_in_data_dir):
+  """A public dataset bertjax cannot open, or read by index (one prepared as
+  tfrecord, say): the fix rebuilds it as array_record in the run's data_dir,
+  where prepare looks first, replacing the copy there if that is the one (the
+  hint named no data_dir, so its tfds build went to TFDS's default)."""
+  data_dir = str(tmp_path / "data")
+  if copy_in_data_dir:
+    os.makedirs(os.path.join(data_dir, "stand_in"))
+  config = demo_config.copy_and_resolve_references()
+  config.update(dataset="stand_in", train_split="train", eval_split="")
+  split = types.SimpleNamespace(num_examples=3, num_bytes=30)
+  builder = types.SimpleNamespace(info=types.SimpleNamespace(splits={"train": split}),
+                                  is_prepared=lambda: True)
+  def unreadable(self):
+    raise ValueError("tfrecord has no random access")
+  monkeypatch.setattr(units.TextSource, "open", unreadable)
+  monkeypatch.setattr(text_sources, "_tfds_builder", lambda name, tfds_dir: builder)
+  fix = (rf"prepare it as array_record, .* in the run's data_dir {re.escape(data_dir)} "
+         rf"\(tfds build stand_in --data_dir={re.escape(data_dir)}"
+         + (" --overwrite" if copy_in_data_dir else "")
+         + r" --file_format=array_record\)\.$")
+  with pytest.raises(ValueError, match=(
+      r"^Cannot read TFDS dataset 'stand_in' split 'train' \(tfrecord has no "
+      r"random access\); " + fix)):
+    text_sources.text_sources(config, data_dir, engine=None)
+  def unopenable(name, tfds_dir):
+    raise OSError("bad dataset_info.json")
+  monkeypatch.setattr(text_sources, "_tfds_builder", unopenable)
+  with pytest.raises(ValueError, match=(
+      r"^Cannot open TFDS dataset 'stand_in' \(bad dataset_info\.json\); " + fix)):
+    text_sources.check_dataset(config, data_dir)
 
 
 def test_split_keys_are_distinct_tfds_names():

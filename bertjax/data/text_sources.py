@@ -35,9 +35,6 @@ from bertjax.data import units
 from bertjax.data import workers
 
 OWN_DATASETS = ("bertjax_python_docs", "bertjax_local_text")
-# prepare reads documents by index (in ranges, on many workers): ArrayRecord.
-_TF_EXTRA_HINT = ("prepare it as array_record, which bertjax reads by index "
-                  "(tfds build {name} --file_format=array_record)")
 _LOCAL_VERSION = "1.0.0"
 _LISTED_FILES = 10_000
 
@@ -74,6 +71,20 @@ class Split:
   num_bytes: int
   # Sentences in the split, when the dataset recorded them (else None).
   num_sentences: int | None = None
+
+
+def _array_record_hint(name: str, data_dir: str = "", tfds_dir: str | None = None) -> str:
+  """The fix for a TFDS dataset bertjax cannot open or read (one prepared as
+  tfrecord, say): prepare reads documents by index (in ranges, on many
+  workers), so ArrayRecord; built into the run's ``data_dir``, where prepare
+  looks first, replacing the copy there if that is the one (``tfds_dir``)."""
+  if not data_dir:
+    return ("prepare it as array_record, which bertjax reads by index "
+            f"(tfds build {name} --file_format=array_record)")
+  replace = " --overwrite" if tfds_dir else ""
+  return (f"prepare it as array_record, which bertjax reads by index, in the run's "
+          f"data_dir {data_dir} (tfds build {name} --data_dir={data_dir}{replace} "
+          f"--file_format=array_record)")
 
 
 def _base_split(split: str) -> str:
@@ -378,7 +389,7 @@ def _public_builder(config, tfds_dir: str | None,
   except Exception as e:  # pylint: disable=broad-except
     raise ValueError(
         f"Cannot open TFDS dataset {name!r} ({e}); "
-        + _TF_EXTRA_HINT.format(name=name) + ".") from e
+        + _array_record_hint(name, data_dir, tfds_dir) + ".") from e
   if not builder.is_prepared():
     # Looked for in the run's data_dir, then in TFDS's default: name both, and
     # build it where the run looks first (not where a bare tfds build puts it).
@@ -407,9 +418,11 @@ def _sized(source: units.TextSource, info: Any, split: str,
   try:
     num_docs = len(source.open())
   except Exception as e:  # pylint: disable=broad-except
+    hint = (_array_record_hint(source.path, source.data_dir, source.tfds_dir)
+            if source.kind == "public" else _array_record_hint(source.path))
     raise ValueError(
         f"Cannot read TFDS dataset {source.path!r} split {split!r} ({e}); "
-        + _TF_EXTRA_HINT.format(name=source.path) + ".") from e
+        + hint + ".") from e
   full = info.splits[_base_split(split)]
   num_bytes = full.num_bytes * num_docs // max(full.num_examples, 1)
   exact = (sentences or {}).get(split) if split == _base_split(split) else None
