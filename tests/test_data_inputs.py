@@ -213,7 +213,7 @@ def test_an_hf_tokenizer_for_pretraining_from_scratch_is_refused_before_any_text
   config.tokenizer = "hf"
   with pytest.raises(ValueError, match=(
       r"^config\.tokenizer='hf' names an imported model's own tokenizer .* and bertjax "
-      r"trains none; to pretrain from scratch set --config\.tokenizer to unigram, bpe "
+      r"trains none; to pretrain from scratch pass --config\.tokenizer=unigram, bpe "
       r"or bpe_bytes")):
     prepare.prepare(config, str(tmp_path / "data"))
   assert not (tmp_path / "data").exists()

@@ -203,6 +203,18 @@ def test_bad_input_is_refused_before_training(demo_data, tmp_path):
   assert (tmp_path / "afile").read_text() == "mine"
 
 
+def test_an_hf_tokenizer_is_refused_at_planning_in_the_study_flags(tmp_path):
+  # --set=tokenizer=hf was refused by prepare, after the objectives before it
+  # had prepared their data, naming bertjax.main's --config.tokenizer.
+  configs = core.load_configs(["bert"], "tiny", ["tokenizer=hf"])
+  with pytest.raises(ValueError, match=(
+      r"^bert: config\.tokenizer='hf' names an imported model's own tokenizer .*"
+      r"pass --set=tokenizer=unigram, bpe or bpe_bytes")) as refused:
+    core.plan(configs, 1e12, str(tmp_path / "a"), points=1)
+  assert "--config." not in str(refused.value)
+  assert not (tmp_path / "a").exists()
+
+
 def test_an_objective_that_cannot_be_fine_tuned_is_reported_so():
   # bertjax.finetune reads encoders by their Hugging Face mapping; every
   # shipped model has one now (SpanBERT's exports as BERT), so a model name

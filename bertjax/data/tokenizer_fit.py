@@ -159,7 +159,7 @@ def check_imported(config) -> None:
     raise ValueError(
         "config.tokenizer='hf' names an imported model's own tokenizer (python -m "
         "bertjax.convert --from_hf, then --config=configs/hf.py:WORKDIR) and bertjax "
-        "trains none; to pretrain from scratch set --config.tokenizer to unigram, "
+        "trains none; to pretrain from scratch pass --config.tokenizer=unigram, "
         "bpe or bpe_bytes (a byte-level BPE, as RoBERTa's).")
   path = _imported_dir(config)
   if config.get("layout") != "sentence_pairs":

@@ -292,10 +292,14 @@ def _check_shared_data_dirs(plans: Sequence[Plan]) -> None:
 
 
 def _validate(name: str, config) -> None:
-  """``config_validation.validate``, its message naming the objective and
-  its fix spelt in this binary's flags (``--set``, not ``--config.``)."""
+  """``config_validation.validate`` and prepare's reading-only tokenizer
+  check (before any objective prepares data), its message naming the
+  objective and its fix spelt in this binary's flags (``--set``, not
+  ``--config.``)."""
+  from bertjax.data import tokenizer_fit
   try:
     config_validation.validate(config)
+    tokenizer_fit.check_imported(config)
   except ValueError as e:
     message = re.sub(r"--config\.(\w+)", r"--set=\1", str(e))
     raise ValueError(f"{name}: {message}") from None
