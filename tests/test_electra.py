@@ -13,6 +13,7 @@ from flax import traverse_util
 from bertjax import batch as batch_lib
 from bertjax import checkpointing
 from bertjax import config_files
+from bertjax import config_validation
 from bertjax import flops
 from bertjax import models
 from bertjax import objectives
@@ -209,6 +210,16 @@ def test_bad_electra_fields_are_named():
   config.generator_hidden_fraction = 1.5
   with pytest.raises(ValueError, match="generator_hidden_fraction"):
     models.get_model(config)
+
+
+@pytest.mark.parametrize("field", ["disc_loss_weight", "generator_temperature"])
+def test_an_infinite_loss_weight_or_temperature_is_refused(field):
+  # Both used to be accepted: λ = inf made every loss NaN, and T = inf made
+  # the never-sampled ids' logits NaN, so [PAD] was sampled everywhere.
+  config = electra_config.get_config("tiny")
+  config[field] = float("inf")
+  with pytest.raises(ValueError, match=f"{field}=inf must be a positive number"):
+    config_validation.validate(config)
 
 
 @pytest.mark.parametrize("fields, words", [

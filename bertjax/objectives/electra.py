@@ -29,6 +29,7 @@ uint32 key data, which gradient accumulation can slice like any array.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Mapping
 
 import jax
@@ -112,14 +113,18 @@ class ElectraObjective(mlm_only.MlmOnlyObjective):
     super().__init__(config)
     self.disc_loss_weight = float(config.disc_loss_weight)
     self.temperature = float(config.generator_temperature)
-    if not self.disc_loss_weight > 0:
+    # Finite too: λ = inf makes every loss NaN, and T = inf turns the
+    # never-sampled ids' -inf logits into NaN, which argmax picks: [PAD]
+    # would replace every chosen token.
+    if not 0 < self.disc_loss_weight < math.inf:
       raise ValueError(
-          f"disc_loss_weight={self.disc_loss_weight} must be positive; fix "
-          f"--config.disc_loss_weight (ELECTRA uses 50).")
-    if not self.temperature > 0:
+          f"disc_loss_weight={self.disc_loss_weight} must be a positive "
+          f"number; fix --config.disc_loss_weight (ELECTRA uses 50).")
+    if not 0 < self.temperature < math.inf:
       raise ValueError(
-          f"generator_temperature={self.temperature} must be positive; fix "
-          f"--config.generator_temperature (1 samples the softmax itself).")
+          f"generator_temperature={self.temperature} must be a positive "
+          f"number; fix --config.generator_temperature (1 samples the softmax "
+          f"itself).")
 
   def corrupt(
       self, rng: jax.Array, batch: Mapping[str, jax.Array], step: jax.Array
