@@ -231,6 +231,14 @@ def test_an_infinite_loss_weight_or_temperature_is_refused(field):
     (dict(generator_num_layers=1, generator_hidden_size=64,
           generator_num_heads=3, generator_mlp_dim=128),
      r"generator_hidden_size=64 is not divisible by generator_num_heads=3"),
+    # A generator wider or deeper than the 2 x 128 discriminator was built
+    # (the fraction is bounded by 1, explicit sizes were not).
+    (dict(generator_num_layers=2, generator_hidden_size=256,
+          generator_num_heads=4, generator_mlp_dim=1024),
+     r"generator_hidden_size=256 is larger than the discriminator's hidden_size=128"),
+    (dict(generator_num_layers=3, generator_hidden_size=64,
+          generator_num_heads=1, generator_mlp_dim=256),
+     r"generator_num_layers=3 is larger than the discriminator's num_layers=2"),
 ])
 def test_explicit_generator_sizes_are_all_or_nothing(fields, words):
   config = electra_config.get_config("tiny")

@@ -69,7 +69,8 @@ def generator_size(config: Any) -> sizes.Size:
 
   Raises:
     ValueError: for a fraction outside (0, 1], explicit sizes given only in
-      part or negative, or a hidden size the heads do not divide.
+      part or negative, wider or deeper than the discriminator, or a hidden
+      size the heads do not divide.
   """
   disc = sizes.resolve(config)
   explicit = ("generator_num_layers", "generator_hidden_size",
@@ -89,6 +90,19 @@ def generator_size(config: Any) -> sizes.Size:
           f"generator_hidden_size={values['generator_hidden_size']} is not "
           f"divisible by generator_num_heads={values['generator_num_heads']}; "
           "set --config.generator_num_heads to a divisor of it.")
+    # As the fraction's (0, 1]: the generator is at most the discriminator's
+    # size. Explicit sizes are fixed when a config is written (deberta_v3's
+    # are its discriminator's width), so another --config.model_size could
+    # leave a generator far larger than the discriminator it trains.
+    for field, disc_field in (("generator_hidden_size", "hidden_size"),
+                              ("generator_num_layers", "num_layers")):
+      if values[field] > getattr(disc, disc_field):
+        raise ValueError(
+            f"{field}={values[field]} is larger than the discriminator's "
+            f"{disc_field}={getattr(disc, disc_field)}; ELECTRA's generator is "
+            f"at most the discriminator's size: set --config.{field} to at "
+            f"most {getattr(disc, disc_field)} (or all four generator_* sizes "
+            "to 0 to size it by --config.generator_hidden_fraction).")
     return sizes.Size(*(values[f] for f in explicit))
   fraction = float(config.get("generator_hidden_fraction", 0.25))
   if not 0.0 < fraction <= 1.0:
