@@ -278,7 +278,12 @@ def _evaluate_checkpoint(config, workdir: str, step: int | None) -> dict[str, An
   config_validation.check_mesh(config, mesh)
   model = models.get_model(config)
   tx = optim.make_optimizer(config)
-  abstract, shardings = state_lib.state_shardings(model, tx, config, mesh)
+  # Evaluation reads only the parameters: XLNet's memory (a row per row of
+  # the training batch) is restored at the rows it was saved with, so the
+  # evaluation's batch_size is free.
+  abstract, shardings = state_lib.with_carry_rows(
+      *state_lib.state_shardings(model, tx, config, mesh),
+      int(saved.get("batch_size", config.batch_size)), mesh)
   state, _ = checkpointer.restore(step, abstract, shardings)
   checkpointer.close()
   record = evaluate_params(config, state.params, prepared, mesh, model,

@@ -93,6 +93,20 @@ def state_shardings(model: nn.Module, tx: optax.GradientTransformation, config,
       carry={k: sharding.batch_sharding(mesh) for k in abstract_carry})
 
 
+def with_carry_rows(abstract: TrainState, shardings: TrainState, rows: int,
+                    mesh: Mesh) -> tuple[TrainState, TrainState]:
+  """(abstract state, shardings) of ``state_shardings`` with a carry of
+  ``rows`` rows, replicated: to restore a checkpoint's carry saved with
+  another batch_size where it is not used (evaluation) or is empty anyway
+  (an import's, at step 0). Unchanged for a model without a carry."""
+  if not abstract.carry:
+    return abstract, shardings
+  carry = {k: jax.ShapeDtypeStruct((rows,) + a.shape[1:], a.dtype)
+           for k, a in abstract.carry.items()}
+  return (abstract.replace(carry=carry),
+          shardings.replace(carry={k: sharding.replicated(mesh) for k in carry}))
+
+
 def rescale_init(params: Any, config) -> Any:
   """Weights drawn with std ``layers.KERNEL_STDDEV`` rescaled to ``config.initializer_range``.
 

@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
+from bertjax import checkpointing
+from bertjax import evaluation
 from bertjax import flops
 from bertjax import models
 from bertjax import objectives
@@ -219,3 +221,33 @@ def test_killed_run_with_memory_resumes_to_identical_result(mem, tmp_path):
       return {r["step"]: r["loss"] for r in map(json.loads, f) if "loss" in r}
 
   assert losses(workdir)[6] == losses(ref_dir)[6]
+
+
+def _saved_import(mem, demo_data, workdir):
+  """Writes what bertjax.convert --from_hf writes for an XLNet with mem_len >
+  0 (transformers' default is 512): a step-0 checkpoint whose memory is
+  empty, a row per row of the batch_size it was imported with (8); returns
+  the config of another batch_size (4) to go on with."""
+  model, tx = models.get_model(mem), optim.make_optimizer(mem)
+  mesh = sharding.make_mesh(mem.mesh_shape)
+  state, _ = state_lib.create_train_state(model, tx, mem, mesh)
+  saver = checkpointing.Checkpointer(workdir)
+  saver.save(0, state, {}, mem, demo_data.fingerprint, force=True)
+  saver.close()
+  other = mem.copy_and_resolve_references()
+  other.batch_size, other.microbatches, other.mesh_shape = 4, 1, "4,1,2"
+  other.num_train_steps = other.log_every_steps = other.checkpoint_every_steps = 1
+  return other
+
+
+def test_a_checkpoint_with_memory_is_evaluated_at_another_batch_size(
+    mem, demo_data, tmp_path):
+  # bertjax.evaluate reads only the parameters: another batch_size (so
+  # another number of memory rows) evaluates the checkpoint all the same. It
+  # used to be refused: "carry.memory is (8, ...) in the checkpoint but (4,
+  # ...) in this config; resume it with the config it was trained with".
+  workdir = str(tmp_path / "imported")
+  other = _saved_import(mem, demo_data, workdir)
+  record = evaluation.evaluate_checkpoint(other, workdir)
+  assert record["step"] == 0 and record["num_predictions"] > 0
+  assert record["config_changes"]["batch_size"] == [8, 4]
