@@ -336,7 +336,15 @@ def _train_and_evaluate(config, workdir, stop_at_step, preemption):
     checkpointer.check_tokenizer(prepared.fingerprint, step)
 
   abstract, shardings = state_lib.state_shardings(model, tx, config, mesh)
-  restored = checkpointer.restore_latest(abstract, shardings, acceptable,
+  restore_as = (abstract, shardings)
+  if start == 0:
+    # An import (bertjax.convert) holds XLNet's memory empty, with a row per
+    # row of the batch_size it was imported with; any batch_size may continue
+    # it (layout_only above), so it is read at its own rows and started anew.
+    restore_as = state_lib.with_carry_rows(
+        abstract, shardings, int(checkpointer.saved_config(0).get(
+            "batch_size", config.batch_size)), mesh)
+  restored = checkpointer.restore_latest(*restore_as, acceptable,
                                          restart_from_scratch=restart)
   if restored is None:
     state, shardings = state_lib.create_train_state(model, tx, config, mesh)
@@ -346,6 +354,9 @@ def _train_and_evaluate(config, workdir, stop_at_step, preemption):
     latest, state, data_state = restored
     if data_state:  # an imported checkpoint (bertjax.convert) starts the data afresh
       train_iter.set_state(data_state)
+    if latest == 0 and state.carry:
+      state = state.replace(carry=jax.device_put(
+          state_lib.empty_carry(model, config), shardings.carry))
     logging.info("Resuming from step %d.", latest)
   step = int(jax.device_get(state.step))
   if preemption.should_stop(step):

@@ -251,3 +251,15 @@ def test_a_checkpoint_with_memory_is_evaluated_at_another_batch_size(
   record = evaluation.evaluate_checkpoint(other, workdir)
   assert record["step"] == 0 and record["num_predictions"] > 0
   assert record["config_changes"]["batch_size"] == [8, 4]
+
+
+def test_an_import_with_memory_continues_at_another_batch_size(
+    mem, demo_data, tmp_path):
+  # A step-0 checkpoint may be continued with any batch (README); an XLNet
+  # import with memory used to stop at the restore with the line above.
+  workdir = str(tmp_path / "imported")
+  record = train.train_and_evaluate(_saved_import(mem, demo_data, workdir), workdir)
+  assert record["step"] == 1 and np.isfinite(record["mlm_loss"])
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    rows = [r for r in map(json.loads, f) if "loss" in r]
+  assert [r["step"] for r in rows] == [1] and np.isfinite(rows[0]["loss"])
