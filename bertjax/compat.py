@@ -288,6 +288,8 @@ def check(saved: Mapping[str, Any], config, where: str, *,
       the ways out.
   """
   changes = differences(saved, config)
+  if not layout_only:
+    changes = [_memory_rows(c, saved) for c in changes]
   layout = [c for c in changes if c.kind == LAYOUT]
   if layout:
     # Another variant's config (or an import's): another model, fields this
@@ -324,6 +326,18 @@ def check(saved: Mapping[str, Any], config, where: str, *,
         f"it was, pass --config.allow_changes={names} to resume with the "
         "change, or pass a new --workdir.")
   return changes
+
+
+def _memory_rows(change: Change, saved: Mapping[str, Any]) -> Change:
+  """``batch_size`` is layout in a run with XLNet's segment memory
+  (``mem_len`` > 0): the saved memory has a row per row of the batch, which
+  a resumed run continues; another batch_size cannot restore it (it failed
+  after the workdir was locked and the data prepared, whatever
+  allow_changes said). An import's memory (step 0, ``layout_only``) is
+  empty, and any batch_size continues it."""
+  if change.field == "batch_size" and int(saved.get("mem_len", 0) or 0) > 0:
+    return dataclasses.replace(change, kind=LAYOUT)
+  return change
 
 
 def is_import(saved: Mapping[str, Any]) -> bool:

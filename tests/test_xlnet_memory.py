@@ -263,3 +263,25 @@ def test_an_import_with_memory_continues_at_another_batch_size(
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     rows = [r for r in map(json.loads, f) if "loss" in r]
   assert [r["step"] for r in rows] == [1] and np.isfinite(rows[0]["loss"])
+
+
+def test_another_batch_size_with_memory_is_refused_as_a_layout_change(mem):
+  # The memory has a row per row of the batch: a resumed run cannot restore
+  # it at another batch_size, so allow_changes cannot allow it; the refusal
+  # comes from the config comparison, before the workdir is locked or the
+  # data prepared (it used to come from the restore, after both).
+  from bertjax import compat
+  saved = compat.as_json(mem)
+  other = mem.copy_and_resolve_references()
+  other.batch_size, other.allow_changes = 16, "batch_size"
+  with pytest.raises(compat.IncompatibleCheckpoint,
+                     match=r"batch_size=8 .* changes the saved state's layout; "
+                           r"keep --config.batch_size=8 to resume it"):
+    compat.check(saved, other, "The checkpoint at step 6")
+  # An import (step 0) has empty memory: any batch continues it; without
+  # memory batch_size stays a stream change that allow_changes allows.
+  assert [c.field for c in compat.check(saved, other, "The checkpoint",
+                                        layout_only=True)] == ["allow_changes", "batch_size"]
+  other.mem_len, saved["mem_len"], other.layout = 0, 0, "full_sentences"
+  saved["layout"] = "full_sentences"
+  assert "batch_size" in [c.field for c in compat.check(saved, other, "The checkpoint")]
