@@ -200,7 +200,9 @@ def rtd_loss(logits: jax.Array, labels: jax.Array,
     threshold-free: the fraction of (replaced, original) pairs of scored
     tokens of the batch that the logits rank the right way round (ties
     counted half), as (right pairs, pairs), so that sums over batches give
-    the AUC over all within-batch pairs.
+    the AUC over all within-batch pairs (within-micro-batch pairs when the
+    train step accumulates micro-batches: the one metric that then differs
+    from the big batch's).
   """
   logits = logits.astype(jnp.float32)
   y = labels.astype(jnp.float32)
