@@ -28,6 +28,7 @@ from absl import flags
 from bertjax import cli
 from bertjax import config_files
 from bertjax import evaluation
+from bertjax import multihost
 
 _CONFIG = config_files.define_config_flag(
     "Config file, e.g. configs/bert.py:tiny (bertjax's own if not found here).")
@@ -36,6 +37,12 @@ _STEP = flags.DEFINE_integer("step", None, "Checkpoint step; default the latest.
 _FILL_MASK = flags.DEFINE_string(
     "fill_mask", None, 'Text with [MASK]: print the top-k fillings instead of evaluating.')
 _TOP_K = flags.DEFINE_integer("top_k", 5, "Fillings printed per [MASK].")
+_DISTRIBUTED = flags.DEFINE_bool(
+    "distributed", None,
+    "Call jax.distributed.initialize(), as bertjax.main does: run it on every "
+    "host of a pod (elsewhere with JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES "
+    "and JAX_PROCESS_ID set). Default: on when JAX_COORDINATOR_ADDRESS is set "
+    "or TPU_WORKER_HOSTNAMES lists several hosts.")
 flags.mark_flags_as_required(["workdir"])
 
 
@@ -57,6 +64,7 @@ def main(argv):
     raise ValueError("--config is required to evaluate; pass the config the workdir "
                      "was trained with, e.g. --config=configs/bert.py:tiny (only "
                      "--fill_mask does without).")
+  multihost.initialize(_DISTRIBUTED.value)
   record = evaluation.evaluate_checkpoint(_CONFIG.value, _WORKDIR.value, _STEP.value)
   print(json.dumps(record), flush=True)
 

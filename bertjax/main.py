@@ -7,8 +7,6 @@ Prepares the corpus and tokenizer into the workdir if they are missing, trains
 split. Override any config field with ``--config.FIELD=VALUE``.
 """
 
-import os
-
 from bertjax import guards
 
 # Before the heavy imports: a SIGTERM during start-up ends the run with
@@ -27,6 +25,7 @@ from absl import flags  # noqa: E402
 
 from bertjax import cli  # noqa: E402
 from bertjax import config_files  # noqa: E402
+from bertjax import multihost  # noqa: E402
 
 _CONFIG = config_files.define_config_flag(
     "Config file, e.g. configs/bert.py:tiny (bertjax's own if not found here).")
@@ -34,27 +33,18 @@ _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Directory for data, checkpoints and metrics.")
 _DISTRIBUTED = flags.DEFINE_bool(
     "distributed", None,
-    "Call jax.distributed.initialize() (multi-host TPU pod slices). Default: "
-    "on when JAX_COORDINATOR_ADDRESS is set or TPU_WORKER_HOSTNAMES lists "
-    "several hosts.")
+    "Call jax.distributed.initialize() (multi-host TPU pod slices; elsewhere "
+    "set JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID on each "
+    "process). Default: on when JAX_COORDINATOR_ADDRESS is set or "
+    "TPU_WORKER_HOSTNAMES lists several hosts.")
 flags.mark_flags_as_required(["config", "workdir"])
-
-
-def _multihost() -> bool:
-  if _DISTRIBUTED.value is not None:
-    return _DISTRIBUTED.value
-  hosts = os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",")
-  real_hosts = len(hosts) > 1 and all(h and " " not in h for h in hosts)
-  return bool(os.environ.get("JAX_COORDINATOR_ADDRESS")) or real_hosts
 
 
 def main(argv):
   from bertjax import train  # imports JAX: after the SIGTERM handler is set
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  if _multihost():
-    import jax
-    jax.distributed.initialize()
+  multihost.initialize(_DISTRIBUTED.value)
   try:
     train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except guards.Preempted as e:
