@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from bertjax import compat
 from bertjax import metrics as metrics_lib
+from bertjax import multihost
 from bertjax import objectives
 from bertjax import paths
 from bertjax import sharding
@@ -271,7 +272,8 @@ def _evaluate_checkpoint(config, workdir: str, step: int | None) -> dict[str, An
                layout_only=True, evaluating=True)
   data_dir = prepare.resolve_data_dir(config, workdir)
   _require_prepared(config, data_dir)
-  prepared = prepare.prepare(config, data_dir)
+  prepared = multihost.process_0_first(lambda: prepare.prepare(config, data_dir),
+                                       "prepare the data")
   config_validation.check_prepared(config, prepared)
   checkpointer.check_tokenizer(prepared.fingerprint, step)
   mesh = sharding.make_mesh(config.mesh_shape)

@@ -17,7 +17,9 @@ Each is passed only when set; what is unset is left to JAX's detection.
 
 from __future__ import annotations
 
+import itertools
 import os
+from typing import Any, Callable
 
 COORDINATOR = "JAX_COORDINATOR_ADDRESS"
 NUM_PROCESSES = "JAX_NUM_PROCESSES"
@@ -101,3 +103,49 @@ def initialize(flag_value: bool | None) -> None:
           f"{NUM_PROCESSES}=N and {PROCESS_ID}=0..N-1 on each process.") from e
     raise
 
+
+# How long the other processes wait for process 0's part of process_0_first:
+# preparing a large corpus takes hours. A process 0 that dies does not leave
+# them waiting this long: JAX's heartbeats end them.
+_WAIT_MS = 7 * 24 * 3600 * 1000
+_calls = itertools.count()
+
+
+def process_0_first(fn: Callable[[], Any], what: str) -> Any:
+  """``fn()`` on process 0, then on every other process once process 0's ended.
+
+  For work that writes shared files (preparing a data_dir): process 0 makes
+  them while the others wait, and the others then find them made and only read
+  (on hosts that do not share the directory, each makes its own afterwards).
+  The wait is on JAX's coordination service, not a device collective (XLA:CPU's
+  gloo collectives give up after 30 s).
+
+  Args:
+    fn: the work, the same on every process.
+    what: what it does, e.g. "prepare the data", for the others' message.
+
+  Returns:
+    ``fn()``'s result on this process.
+
+  Raises:
+    ValueError: on the others, when ``fn`` failed on process 0 (its message).
+  """
+  import jax
+  if jax.process_count() == 1:
+    return fn()
+  from jax._src import distributed  # the client orbax's own barriers use
+  client = distributed.global_state.client
+  key = f"bertjax/process_0_first/{next(_calls)}"
+  if jax.process_index() == 0:
+    try:
+      result = fn()
+    except BaseException as e:
+      client.key_value_set(key, f"{type(e).__name__}: {e}")
+      raise
+    client.key_value_set(key, "")
+    return result
+  failure = client.blocking_key_value_get(key, _WAIT_MS)
+  if failure:
+    raise ValueError(f"Process 0 could not {what} ({failure}); this process "
+                     "stops with it.")
+  return fn()

@@ -27,6 +27,7 @@ from bertjax import evaluation
 from bertjax import guards
 from bertjax import metrics as metrics_lib
 from bertjax import models
+from bertjax import multihost
 from bertjax import objectives
 from bertjax import optim
 from bertjax import progress as progress_lib
@@ -312,7 +313,10 @@ def _train_and_evaluate(config, workdir, stop_at_step, preemption):
                  "checksums verified" if verified else "no checksums to verify")
   if preemption.should_stop(start or 0):
     raise guards.Preempted.before_first_step(start)
-  prepared = prepare.prepare(config, prepare.resolve_data_dir(config, workdir))
+  # Process 0 prepares what is missing while the others wait (bertjax/multihost.py).
+  data_dir = prepare.resolve_data_dir(config, workdir)
+  prepared = multihost.process_0_first(lambda: prepare.prepare(config, data_dir),
+                                       "prepare the data")
   config_validation.check_prepared(config, prepared)
   if start is not None:
     checkpointer.check_tokenizer(prepared.fingerprint, start)
