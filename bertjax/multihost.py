@@ -149,3 +149,19 @@ def process_0_first(fn: Callable[[], Any], what: str) -> Any:
     raise ValueError(f"Process 0 could not {what} ({failure}); this process "
                      "stops with it.")
   return fn()
+
+
+def barrier(name: str) -> None:
+  """Waits until every process has reached ``name``, on JAX's coordination service.
+
+  Before the first step: the hosts reach it at different times (a restore or
+  a compile that takes longer on one), and XLA:CPU's gloo collectives give up
+  on a peer that comes more than 30 s after the first; the compiles that follow
+  the barrier take about as long on every host.
+  """
+  import jax
+  if jax.process_count() == 1:
+    return
+  from jax._src import distributed
+  distributed.global_state.client.wait_at_barrier(
+      f"bertjax/{name}/{next(_calls)}", _WAIT_MS)

@@ -402,6 +402,7 @@ def _train_and_evaluate(config, workdir, stop_at_step, preemption):
                       prepared.fingerprint)
     saved_step = step
 
+  multihost.barrier("first step")  # the hosts start their steps together
   try:
     with sharding.use_mesh(mesh):
       while step < last:
