@@ -3,7 +3,9 @@
 A checkpoint directory ``<workdir>/checkpoints/<step>/`` holds three items:
   state   the TrainState (params, optimizer state, step), sharded arrays
   data    the input pipeline's iterator state and the tokenizer's fingerprint
-          (JSON)
+          (JSON); with several processes also every process's iterator state
+          (``iterators``, in process order), since each host reads its own
+          share of the corpus and stands at its own position in it
   config  the run's config (JSON), compared with a resumed run's config
           (bertjax/compat.py) before anything is restored
 and ``bertjax_manifest.json``, the checksums of all its files
@@ -32,10 +34,40 @@ from absl import logging
 from etils import epath
 
 from bertjax import checkpoint_manifest as manifest_lib
+from bertjax import multihost
 from bertjax import paths
 from bertjax import state as state_lib
 
 ITEMS = ("state", "data", "config")
+
+
+def data_item(iterator_state: dict[str, Any], tokenizer_fingerprint: str) -> dict:
+  """The ``data`` item. A collective with several processes: orbax writes JSON
+  items from process 0 only, so the other hosts' positions travel with it."""
+  data = {"iterator": iterator_state, "tokenizer_fingerprint": tokenizer_fingerprint}
+  if jax.process_count() > 1:
+    data["iterators"] = multihost.gather_json(iterator_state)
+  return data
+
+
+def own_iterator_state(data: dict[str, Any], where: str) -> dict[str, Any]:
+  """This process's iterator state from a restored ``data`` item.
+
+  A checkpoint saved by another number of processes (or by several before
+  their positions were all saved) has no position for this host's share of
+  the corpus: every host then continues from process 0's position in its own
+  share, with a warning, and the batches differ from an uninterrupted run's.
+  """
+  states = data.get("iterators")
+  saved_by = 1 if states is None else len(states)
+  if saved_by == jax.process_count():
+    return dict(data["iterator"] if states is None else states[jax.process_index()])
+  logging.warning(
+      "%s holds the data position of %d process(es) and this run has %d: each "
+      "host continues from process 0's position in its own share of the corpus, "
+      "so the batches are not those an uninterrupted run would have read.",
+      where, saved_by, jax.process_count())
+  return dict(data["iterator"])
 
 
 class StateMismatch(ValueError):
@@ -268,7 +300,7 @@ class Checkpointer:
 
   def save(self, step: int, state, iterator_state: dict[str, Any], config,
            tokenizer_fingerprint: str, *, force: bool = False) -> bool:
-    data = {"iterator": iterator_state, "tokenizer_fingerprint": tokenizer_fingerprint}
+    data = data_item(iterator_state, tokenizer_fingerprint)
     return self._manager.save(
         step,
         args=ocp.args.Composite(
@@ -329,7 +361,7 @@ class Checkpointer:
             data=ocp.args.JsonRestore(),
         ))
     logging.info("Restored checkpoint %d from %s", step, self.directory)
-    return restored["state"], dict(restored["data"]["iterator"])
+    return restored["state"], own_iterator_state(restored["data"], self.where(step))
 
   def restore_latest(self, abstract_state, shardings,
                      accept: Callable[[int], None] | None = None, *,
@@ -412,7 +444,7 @@ class BestCheckpoint:
       self._manager = _SealingManager(
           self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=1),
           item_names=ITEMS)
-    data = {"iterator": iterator_state, "tokenizer_fingerprint": tokenizer_fingerprint}
+    data = data_item(iterator_state, tokenizer_fingerprint)
     self._manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data),
         config=ocp.args.JsonSave(config.to_dict())), force=True)

@@ -18,6 +18,7 @@ Each is passed only when set; what is unset is left to JAX's detection.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 from typing import Any, Callable
 
@@ -102,6 +103,26 @@ def initialize(flag_value: bool | None) -> None:
           f"processes; set {COORDINATOR}=HOST:PORT (process 0's), "
           f"{NUM_PROCESSES}=N and {PROCESS_ID}=0..N-1 on each process.") from e
     raise
+
+
+def gather_json(value: Any) -> list[Any]:
+  """Every process's ``value`` (JSON-serialisable), in process order.
+
+  A collective: every process must call it at the same point. With one process
+  it returns ``[value]`` without touching a device.
+  """
+  import jax
+  if jax.process_count() == 1:
+    return [value]
+  import numpy as np
+  from jax.experimental import multihost_utils
+  blob = np.frombuffer(json.dumps(value).encode(), np.uint8)
+  sizes = np.asarray(multihost_utils.process_allgather(
+      np.array([blob.size], np.int32))).reshape(-1)
+  padded = np.zeros(int(sizes.max()), np.uint8)
+  padded[:blob.size] = blob
+  rows = np.asarray(multihost_utils.process_allgather(padded))
+  return [json.loads(row[:int(n)].tobytes().decode()) for row, n in zip(rows, sizes)]
 
 
 # How long the other processes wait for process 0's part of process_0_first:

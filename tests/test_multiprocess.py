@@ -2,11 +2,18 @@
 every host's data position in the checkpoint, and one end-to-end run of two
 processes of bertjax.main (gloo collectives over 2 x 4 fake CPU devices)."""
 
+import json
 import os
+import signal
+import socket
+import subprocess
+import sys
+import time
 
 import jax
 import pytest
 
+from bertjax import checkpointing
 from bertjax import multihost
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -90,3 +97,145 @@ def test_a_failure_on_process_0_stops_the_others_with_its_message(as_process):
   with pytest.raises(ValueError, match="Process 0 could not prepare the data.*x.txt"):
     multihost.process_0_first(lambda: ran.append(1), "prepare the data")
   assert not ran
+
+
+# --- every host's data position -------------------------------------------------
+
+def test_each_process_resumes_from_its_own_data_position(monkeypatch):
+  data = {"iterator": {"at": 0}, "iterators": [{"at": 0}, {"at": 7}]}
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  monkeypatch.setattr(jax, "process_index", lambda: 1)
+  assert checkpointing.own_iterator_state(data, "ckpt") == {"at": 7}
+  # Saved by one process, resumed by two: process 0's position, with a warning.
+  warned = []
+  monkeypatch.setattr(checkpointing.logging, "warning", lambda *a: warned.append(a))
+  assert checkpointing.own_iterator_state({"iterator": {"at": 3}}, "ckpt") == {"at": 3}
+  assert warned and warned[0][2:] == (1, 2)
+
+
+# --- two processes of bertjax.main ----------------------------------------------
+
+STEPS = 12
+TIMEOUT = 300  # seconds a run may take before the test fails (a hang, not a slow CPU)
+
+
+def _gloo_available() -> bool:
+  try:
+    from jax._src.lib import _jax
+  except ImportError:
+    return False
+  return hasattr(_jax, "make_gloo_tcp_collectives")
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def _start(workdir, data_dir, tmp_path, name):
+  """Starts 2 processes of bertjax.main, 4 fake CPU devices each, on ``workdir``
+  (preparing the demo corpus into it when ``data_dir`` is '')."""
+  port = _free_port()
+  args = [sys.executable, "-m", "bertjax.main", "--config=configs/bert.py:tiny",
+          f"--workdir={workdir}", f"--config.data_dir={data_dir}",
+          "--config.batch_size=8", "--config.seq_len=32",
+          "--config.max_predictions_per_seq=5", f"--config.num_train_steps={STEPS}",
+          "--config.warmup_steps=2", "--config.log_every_steps=1",
+          "--config.checkpoint_every_steps=4", "--config.eval_max_batches=1",
+          # A window of 8 examples is used up every 2 steps (4 rows a host):
+          # the hosts' data positions differ well before the first checkpoint.
+          "--config.shuffle_window=8"]
+  procs = []
+  for index in range(2):
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=4",
+               JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2",
+               JAX_PROCESS_ID=str(index))
+    out = open(tmp_path / f"{name}.{index}.log", "w")
+    procs.append(subprocess.Popen(args, cwd=ROOT, env=env, stdout=out,
+                                  stderr=subprocess.STDOUT, text=True))
+  return procs
+
+
+def _finish(procs, tmp_path, name):
+  """Waits for both (killing both on a hang); returns their exit codes and logs."""
+  deadline = time.time() + TIMEOUT
+  try:
+    for p in procs:
+      p.wait(timeout=max(1, deadline - time.time()))
+  except subprocess.TimeoutExpired:
+    for p in procs:
+      p.kill()
+      p.wait()
+  logs = [(tmp_path / f"{name}.{i}.log").read_text() for i in range(2)]
+  return [p.returncode for p in procs], logs
+
+
+def _step_losses(log):
+  """{step: loss} of the progress lines a process printed."""
+  return {int(line.split()[1].split("/")[0]): line.split()[2]
+          for line in log.splitlines() if line.startswith("step ")}
+
+
+def _logged(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f]
+
+
+@pytest.mark.skipif(not _gloo_available(),
+                    reason="this jaxlib has no gloo CPU collectives for several processes")
+def test_two_processes_train_and_resume_after_sigterm_as_if_never_stopped(tmp_path):
+  # Uninterrupted, preparing the corpus in the run: process 0 makes it, process 1
+  # waits and reuses it (both would write the one directory otherwise).
+  ref = str(tmp_path / "ref")
+  codes, logs = _finish(_start(ref, "", tmp_path, "ref"), tmp_path, "ref")
+  assert codes == [0, 0], logs[0][-3000:] + logs[1][-3000:]
+  losses = [_step_losses(log) for log in logs]
+  assert sorted(losses[0]) == list(range(1, STEPS + 1))
+  assert losses[0] == losses[1]  # both processes saw the one global loss
+  records = [json.loads(log.strip().splitlines()[-1]) for log in logs]
+  assert records[0] == records[1] and records[0]["step"] == STEPS
+  assert 0 < records[0]["loss"] < 20
+  # Only process 0 wrote the log: each step once.
+  rows = [r["step"] for r in _logged(ref) if "loss" in r]
+  assert rows == list(range(1, STEPS + 1))
+  assert "Reusing tokenized shards" in logs[1]
+  data_dir = os.path.join(ref, "data")
+
+  # SIGTERM to both after the first checkpoint, then the same command again.
+  work = str(tmp_path / "work")
+  procs = _start(work, data_dir, tmp_path, "cut")
+  first = os.path.join(work, "checkpoints", "4", "commit_success.txt")
+  deadline = time.time() + TIMEOUT
+  while not os.path.exists(first):
+    assert all(p.poll() is None for p in procs), "a process ended before step 4"
+    assert time.time() < deadline, "no checkpoint at step 4 in time"
+    time.sleep(0.05)
+  for p in procs:
+    p.send_signal(signal.SIGTERM)
+  codes, logs = _finish(procs, tmp_path, "cut")
+  assert codes == [75, 75], logs[0][-3000:] + logs[1][-3000:]
+  stopped = max(_step_losses(logs[0]))
+  assert stopped < STEPS  # really cut short
+  codes, logs = _finish(_start(work, data_dir, tmp_path, "resumed"),
+                        tmp_path, "resumed")
+  assert codes == [0, 0], logs[0][-3000:] + logs[1][-3000:]
+  assert min(_step_losses(logs[0])) == stopped + 1  # resumed, not restarted
+  got = {r["step"]: r["loss"] for r in _logged(work) if "loss" in r}
+  want = {r["step"]: r["loss"] for r in _logged(ref) if "loss" in r}
+  assert got == want  # every step, the ones after the cut included
+  assert json.loads(logs[1].strip().splitlines()[-1]) == records[0]
+
+  # Both final checkpoints restore in this (one-process, 8-device) test run.
+  from bertjax import config_files, models, optim, sharding, state as state_lib
+  config = config_files.shipped("bert").get_config("tiny")
+  config.seq_len, config.max_predictions_per_seq = 32, 5
+  mesh = sharding.make_mesh(config.mesh_shape)
+  abstract, shardings = state_lib.state_shardings(
+      models.get_model(config), optim.make_optimizer(config), config, mesh)
+  states = [checkpointing.Checkpointer(w).restore(STEPS, abstract, shardings)
+            for w in (ref, work)]
+  for a, b in zip(jax.tree.leaves(states[0][0]), jax.tree.leaves(states[1][0])):
+    assert (jax.device_get(a) == jax.device_get(b)).all()
+  assert states[0][1] == states[1][1]  # process 0's data position
