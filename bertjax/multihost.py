@@ -186,3 +186,43 @@ def barrier(name: str) -> None:
   from jax._src import distributed
   distributed.global_state.client.wait_at_barrier(
       f"bertjax/{name}/{next(_calls)}", _WAIT_MS)
+
+
+def check_same_config(config: dict[str, Any]) -> None:
+  """Refuses a run whose processes were started with different configs.
+
+  Every process compiles its own copy of the step; with another learning rate
+  or seed on one host they would run side by side and train nonsense without
+  an error. Each process publishes its config on JAX's coordination service;
+  process 0 compares every other's with its own, the others theirs with
+  process 0's, so that each stops with the same sentence.
+
+  Args:
+    config: the run's config as a dict (``ConfigDict.to_dict()``).
+
+  Raises:
+    ValueError: naming the first field that differs, before any device work.
+  """
+  import jax
+  if jax.process_count() == 1:
+    return
+  from jax._src import distributed
+  client = distributed.global_state.client
+  call = next(_calls)
+  mine = json.dumps(config, sort_keys=True, default=str)
+  index = jax.process_index()
+  client.key_value_set(f"bertjax/config/{call}/{index}", mine)
+  others = range(1, jax.process_count()) if index == 0 else [0]
+  for other in others:
+    theirs = client.blocking_key_value_get(f"bertjax/config/{call}/{other}", _WAIT_MS)
+    if theirs == mine:
+      continue
+    a, b = json.loads(mine), json.loads(theirs)
+    field = next((k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)), "?")
+    first, second = sorted((index, other))
+    values = {index: a.get(field), other: b.get(field)}
+    raise ValueError(
+        f"Process {first} and process {second} were started with different "
+        f"configs: config.{field} is {values[first]!r} on process {first} and "
+        f"{values[second]!r} on process {second}; start every process with the "
+        "same --config and --config.FIELD flags.")

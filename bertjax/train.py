@@ -259,6 +259,8 @@ def train_and_evaluate(config, workdir: str, *,
   """
   preemption = guards.PreemptionWatcher()
   try:
+    # First: a host started with other flags would fail elsewhere, or not at all.
+    multihost.check_same_config(config.to_dict())
     config_validation.validate(config, variant=False)
     compat.allowed(config)  # a misspelt allow_changes fails before anything
     workdir = paths.absolute(workdir)

@@ -43,7 +43,7 @@ def test_inconsistent_variables_are_one_sentence(env, named):
     multihost.arguments(env)
 
 
-# --- process 0 first ------------------------------------------------------------
+# --- process 0 first, the same config everywhere ---------------------------------
 
 class _FakeCoordinator:
   """JAX's coordination-service client as these functions use it: a key-value store."""
@@ -97,6 +97,17 @@ def test_a_failure_on_process_0_stops_the_others_with_its_message(as_process):
   with pytest.raises(ValueError, match="Process 0 could not prepare the data.*x.txt"):
     multihost.process_0_first(lambda: ran.append(1), "prepare the data")
   assert not ran
+
+
+def test_processes_started_with_different_configs_are_refused(as_process):
+  process_0 = {"seed": 0, "learning_rate": 0.002}
+  values = {"bertjax/config/0/0": json.dumps(process_0, sort_keys=True)}
+  as_process(1, values)
+  multihost.check_same_config(dict(process_0))  # the same: accepted
+  as_process(1, values)
+  with pytest.raises(ValueError, match=r"config.learning_rate is 0.002 on process 0 "
+                     r"and 0.001 on process 1"):
+    multihost.check_same_config({"seed": 0, "learning_rate": 0.001})
 
 
 # --- every host's data position -------------------------------------------------
