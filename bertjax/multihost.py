@@ -172,6 +172,26 @@ def process_0_first(fn: Callable[[], Any], what: str) -> Any:
   return fn()
 
 
+# How long a process waits for the others at a point they all reach within
+# minutes of each other (the config check at the start, the first step). One
+# that stopped with an error ended cleanly, which JAX's heartbeats do not
+# report: without a limit the others would wait for it for ever.
+_MEET_MS = 30 * 60 * 1000
+
+
+def _meet(wait: Callable[[int], Any], what: str) -> Any:
+  """``wait(timeout_ms)``, a wait on the coordination service for every process."""
+  try:
+    return wait(_MEET_MS)
+  except Exception as e:  # noqa: BLE001 — jax's runtime error, its kind in the text
+    if "DEADLINE_EXCEEDED" not in str(e):
+      raise
+    raise RuntimeError(
+        f"Not every process reached {what} within {_MEET_MS // 60000} minutes: "
+        "one has probably stopped with an error; see every process's log, "
+        "then start them all again.") from e
+
+
 def barrier(name: str) -> None:
   """Waits until every process has reached ``name``, on JAX's coordination service.
 
@@ -184,8 +204,9 @@ def barrier(name: str) -> None:
   if jax.process_count() == 1:
     return
   from jax._src import distributed
-  distributed.global_state.client.wait_at_barrier(
-      f"bertjax/{name}/{next(_calls)}", _WAIT_MS)
+  client = distributed.global_state.client
+  key = f"bertjax/{name}/{next(_calls)}"
+  _meet(lambda ms: client.wait_at_barrier(key, ms), f"the {name}")
 
 
 def check_same_config(config: dict[str, Any]) -> None:
@@ -214,7 +235,9 @@ def check_same_config(config: dict[str, Any]) -> None:
   client.key_value_set(f"bertjax/config/{call}/{index}", mine)
   others = range(1, jax.process_count()) if index == 0 else [0]
   for other in others:
-    theirs = client.blocking_key_value_get(f"bertjax/config/{call}/{other}", _WAIT_MS)
+    key = f"bertjax/config/{call}/{other}"
+    theirs = _meet(lambda ms: client.blocking_key_value_get(key, ms),
+                   "the config check")
     if theirs == mine:
       continue
     a, b = json.loads(mine), json.loads(theirs)

@@ -110,6 +110,19 @@ def test_processes_started_with_different_configs_are_refused(as_process):
     multihost.check_same_config({"seed": 0, "learning_rate": 0.001})
 
 
+def test_a_process_that_never_comes_is_a_message_not_a_wait_for_ever(as_process):
+  client = as_process(0)
+  waited = []
+
+  def timed_out(key, timeout_ms):
+    waited.append(timeout_ms)
+    raise RuntimeError("DEADLINE_EXCEEDED: Barrier timed out. Id: " + key)
+  client.wait_at_barrier = timed_out
+  with pytest.raises(RuntimeError, match="Not every process reached the first step"):
+    multihost.barrier("first step")
+  assert 0 < waited[0] <= 60 * 60 * 1000  # bounded: a process that ended is not waited for
+
+
 # --- every host's data position -------------------------------------------------
 
 def test_each_process_resumes_from_its_own_data_position(monkeypatch):
