@@ -29,6 +29,7 @@ the newest; with ``'skip'`` it carries on and stops only after
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 
 from absl import logging
@@ -108,13 +109,29 @@ def catch_sigterm() -> None:
     signal.signal(signal.SIGTERM, _on_sigterm)
 
 
+def _several_processes() -> bool:
+  """Whether jax.distributed is running (without importing JAX)."""
+  if "jax" not in sys.modules:
+    return False
+  from jax._src import distributed
+  return distributed.global_state.client is not None
+
+
 class PreemptionWatcher:
-  """Notices SIGTERM (and, on pods, JAX's preemption sync point)."""
+  """Notices SIGTERM (and, on pods, JAX's preemption sync point).
+
+  With several processes SIGTERM is left to JAX's preemption notifier, which
+  jax.distributed.initialize installs: it tells every process, and all stop
+  after the same step. A handler of ours would hide the signal from it, and a
+  process that stopped on its own would leave the others waiting in the next
+  step's collectives.
+  """
 
   def __init__(self):
     self._previous = None
     self._previous_sigint = None
-    if threading.current_thread() is threading.main_thread():
+    if (threading.current_thread() is threading.main_thread()
+        and not _several_processes()):
       self._previous = signal.signal(signal.SIGTERM, _on_sigterm)
 
   def catch_interrupt(self) -> None:
@@ -133,9 +150,9 @@ class PreemptionWatcher:
 
   def should_stop(self, step: int) -> bool:
     """Whether to stop after ``step``; on pods all hosts agree on it."""
-    if _SIGTERM.is_set():
-      return True
     import jax
+    if _SIGTERM.is_set() and jax.process_count() == 1:
+      return True
     if jax.process_count() > 1:
       from jax.experimental import multihost_utils
       try:

@@ -123,6 +123,20 @@ def test_a_process_that_never_comes_is_a_message_not_a_wait_for_ever(as_process)
   assert 0 < waited[0] <= 60 * 60 * 1000  # bounded: a process that ended is not waited for
 
 
+def test_sigterm_is_left_to_jax_when_there_are_several_processes(monkeypatch):
+  """JAX's preemption notifier tells every process; a handler of ours would
+  stop only the one signalled (the others then waited in the next step)."""
+  from jax._src import distributed
+  from bertjax import guards
+  monkeypatch.setattr(distributed.global_state, "client", object())
+  before = signal.getsignal(signal.SIGTERM)
+  watcher = guards.PreemptionWatcher()
+  try:
+    assert signal.getsignal(signal.SIGTERM) is before
+  finally:
+    watcher.close()
+
+
 # --- every host's data position -------------------------------------------------
 
 def test_each_process_resumes_from_its_own_data_position(monkeypatch):
