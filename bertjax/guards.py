@@ -113,8 +113,8 @@ def _several_processes() -> bool:
   """Whether jax.distributed is running (without importing JAX)."""
   if "jax" not in sys.modules:
     return False
-  from jax._src import distributed
-  return distributed.global_state.client is not None
+  import jax
+  return jax.distributed.is_initialized()
 
 
 class PreemptionWatcher:

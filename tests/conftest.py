@@ -80,6 +80,7 @@ def pytest_sessionfinish(session):
 _LONG_FILES = (
     "test_export_finetuned.py", "test_finetune.py", "test_resilience.py",
     "test_finetune_unanswerable.py", "test_gcs.py", "test_finetune_minilm.py",
+    "test_multiprocess.py",
     "test_study.py", "test_notebooks.py", "test_attention_impl.py",
     "test_finetune_inputs.py", "test_electra.py", "test_resume_faults.py",
     "test_train.py", "test_xlnet_memory.py", "test_unilm.py", "test_install.py",
