@@ -125,6 +125,13 @@ def gather_json(value: Any) -> list[Any]:
   return [json.loads(row[:int(n)].tobytes().decode()) for row, n in zip(rows, sizes)]
 
 
+def _client():
+  """JAX's coordination-service client (key-value store, barriers). JAX has
+  no public accessor for it; orbax's own multi-host barriers and
+  ``multihost_utils`` read the same private state."""
+  from jax._src import distributed  # pylint: disable=g-import-not-at-top
+  return distributed.global_state.client
+
 # How long the other processes wait for process 0's part of process_0_first:
 # preparing a large corpus takes hours. A process 0 that dies does not leave
 # them waiting this long: JAX's heartbeats end them.
@@ -154,8 +161,7 @@ def process_0_first(fn: Callable[[], Any], what: str) -> Any:
   import jax
   if jax.process_count() == 1:
     return fn()
-  from jax._src import distributed  # the client orbax's own barriers use
-  client = distributed.global_state.client
+  client = _client()
   key = f"bertjax/process_0_first/{next(_calls)}"
   if jax.process_index() == 0:
     try:
@@ -203,8 +209,7 @@ def barrier(name: str) -> None:
   import jax
   if jax.process_count() == 1:
     return
-  from jax._src import distributed
-  client = distributed.global_state.client
+  client = _client()
   key = f"bertjax/{name}/{next(_calls)}"
   _meet(lambda ms: client.wait_at_barrier(key, ms), f"the {name}")
 
@@ -227,8 +232,7 @@ def check_same_config(config: dict[str, Any]) -> None:
   import jax
   if jax.process_count() == 1:
     return
-  from jax._src import distributed
-  client = distributed.global_state.client
+  client = _client()
   call = next(_calls)
   mine = json.dumps(config, sort_keys=True, default=str)
   index = jax.process_index()
