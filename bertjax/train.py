@@ -444,27 +444,32 @@ def _train_and_evaluate(config, workdir, stop_at_step, preemption):
           raise guards.Preempted(step)
       if previous is not None:
         nonfinite.check(*previous)
+  except BaseException:
+    writer.close()
+    raise
+  finally:
+    checkpointer.close()  # the last checkpoint is committed before the evaluation
+    best.close()
+  # The final evaluation logs through the run's writer, closed only after it,
+  # so that each start of a run writes one TensorBoard event file.
+  try:
+    if step < config.num_train_steps:
+      logging.info("Stopped at step %d with a checkpoint; run again to resume.", step)
+      return None
+    if periodic[0] == step:  # the last step's periodic evaluation is the final one
+      record = {"step": step, **periodic[1]}
+    else:
+      record = evaluation.evaluate_params(config, state.params, prepared, mesh, model,
+                                          objective, should_stop=eval_stop,
+                                          step_fn=eval_fn)
+      if record is None:
+        raise guards.Preempted.during_final_evaluation(step)
+      record = {"step": step, **record}
+      if not metrics_lib.has_row(workdir, step, "eval_"):  # a finished run run again
+        writer.write(step, {k: v for k, v in record.items() if k != "step"},
+                     prefix="eval_")
   finally:
     writer.close()
-    checkpointer.close()
-    best.close()
-  if step < config.num_train_steps:
-    logging.info("Stopped at step %d with a checkpoint; run again to resume.", step)
-    return None
-
-  if periodic[0] == step:  # the last step's periodic evaluation is the final one
-    record = {"step": step, **periodic[1]}
-  else:
-    record = evaluation.evaluate_params(config, state.params, prepared, mesh, model,
-                                        objective, should_stop=eval_stop,
-                                        step_fn=eval_fn)
-    if record is None:
-      raise guards.Preempted.during_final_evaluation(step)
-    record = {"step": step, **record}
-    if not metrics_lib.has_row(workdir, step, "eval_"):  # a finished run run again
-      writer = metrics_lib.MetricWriter(workdir)
-      writer.write(step, {k: v for k, v in record.items() if k != "step"}, prefix="eval_")
-      writer.close()
   evaluation.write_record(workdir, record)
   print(json.dumps(record), flush=True)
   return record

@@ -1,7 +1,10 @@
 """The train loop end to end on the demo corpus: tracing, learning, resume."""
 
+import glob
+import importlib.util
 import json
 import os
+import struct
 import subprocess
 import sys
 
@@ -40,6 +43,35 @@ def small_config(demo_config, demo_data, **overrides):
 def read_metrics(workdir):
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     return [json.loads(line) for line in f]
+
+
+def event_files(workdir):
+  """The run's TensorBoard event files, oldest first."""
+  return sorted(glob.glob(os.path.join(workdir, "tensorboard", "events.out.tfevents.*")),
+                key=os.path.getmtime)
+
+
+def read_scalars(event_file):
+  """``{tag: {step: value}}`` of one event file, read record by record
+  (length, its checksum, the Event proto, its checksum), checksums checked."""
+  event_pb2 = pytest.importorskip("tensorboardX.proto.event_pb2")
+  from tensorboardX.record_writer import masked_crc32c
+  scalars = {}
+  with open(event_file, "rb") as f:
+    data = f.read()
+  at = 0
+  while at < len(data):
+    header = data[at:at + 8]
+    (length,) = struct.unpack("<Q", header)
+    assert struct.unpack("<I", data[at + 8:at + 12])[0] == masked_crc32c(header)
+    body = data[at + 12:at + 12 + length]
+    assert struct.unpack("<I", data[at + 12 + length:at + 16 + length])[0] == (
+        masked_crc32c(body))
+    at += 16 + length
+    event = event_pb2.Event.FromString(body)
+    for value in event.summary.value:
+      scalars.setdefault(value.tag, {})[event.step] = value.simple_value
+  return scalars
 
 
 def test_train_step_traces_once_and_loss_falls(demo_config, demo_data):
@@ -108,7 +140,13 @@ def test_run_writes_metrics_checkpoints_and_eval(uninterrupted):
     assert key in record
   assert 0.0 < record["baseline_mlm_accuracy"] < 1.0
   assert record["num_tokens"] > 0 and record["step"] == 24
-  assert os.listdir(os.path.join(workdir, "tensorboard"))
+  # One event file for the run, the final evaluation's scalars in it too.
+  pytest.importorskip("tensorboardX")
+  (events,) = event_files(workdir)
+  scalars = read_scalars(events)
+  assert sorted(scalars["loss"]) == [4, 8, 12, 16, 20, 24]
+  for key in ("mlm_loss", "mlm_accuracy", "nsp_accuracy"):
+    assert scalars["eval_" + key] == {24: pytest.approx(record[key], rel=1e-6)}
 
 
 def test_killed_run_resumes_to_identical_result(tmp_path, uninterrupted,
@@ -120,6 +158,13 @@ def test_killed_run_resumes_to_identical_result(tmp_path, uninterrupted,
   assert os.path.isdir(os.path.join(workdir, "checkpoints", "12"))
   record = train.train_and_evaluate(config, workdir)
   assert record == ref_record
+  # One event file per start: the resumed one holds the redone steps and the
+  # final evaluation.
+  if importlib.util.find_spec("tensorboardX"):
+    first, resumed = map(read_scalars, event_files(workdir))
+    assert sorted(first["loss"]) == [4, 8, 12]
+    assert sorted(resumed["loss"]) == [16, 20, 24]
+    assert resumed["eval_mlm_loss"] == {24: pytest.approx(record["mlm_loss"], rel=1e-6)}
   ref_losses = {r["step"]: r["loss"] for r in read_metrics(ref_dir) if "loss" in r}
   losses = {r["step"]: r["loss"] for r in read_metrics(workdir) if "loss" in r}
   for step in (16, 20, 24):
@@ -140,15 +185,20 @@ def test_rerun_of_finished_run_does_not_train_again(uninterrupted, demo_config,
                                                     demo_data):
   workdir, record = uninterrupted
   before = len(read_metrics(workdir))
+  events = event_files(workdir)
   again = train.train_and_evaluate(small_config(demo_config, demo_data), workdir)
   rows = read_metrics(workdir)
   assert not any("loss" in r for r in rows[before:])  # no new training rows
   assert again == record
+  if importlib.util.find_spec("tensorboardX"):  # a start's file, with no scalars
+    added = sorted(set(event_files(workdir)) - set(events))
+    assert len(added) == 1 and read_scalars(added[0]) == {}
 
 
 def test_evaluate_binary_prints_record_as_last_line(uninterrupted, demo_data):
   workdir, record = uninterrupted
   os.remove(os.path.join(workdir, "eval_24.json"))
+  events = {f: os.path.getsize(f) for f in event_files(workdir)}
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   proc = subprocess.run(
       [sys.executable, "-m", "bertjax.evaluate", "--config=configs/bert.py:tiny",
@@ -164,3 +214,5 @@ def test_evaluate_binary_prints_record_as_last_line(uninterrupted, demo_data):
   assert set(printed) == set(record)
   for key, value in record.items():
     assert printed[key] == pytest.approx(value, rel=1e-5), key
+  # Its record is eval_24.json only: the run's event files stay as they were.
+  assert {f: os.path.getsize(f) for f in event_files(workdir)} == events
