@@ -23,9 +23,6 @@ on its own.
 
 from __future__ import annotations
 
-import contextlib
-import logging as std_logging
-import warnings
 from typing import Any, Callable
 
 import jax
@@ -35,10 +32,13 @@ from etils import epath
 
 from bertjax import checkpoint_manifest as manifest_lib
 from bertjax import multihost
+from bertjax import orbax_logs
 from bertjax import paths
 from bertjax import state as state_lib
 
 ITEMS = ("state", "data", "config")
+# Readers of checkpoints (bertjax.load, fine-tuning's init) call it by this name.
+quiet_read_only = orbax_logs.quiet_read_only
 
 
 def data_item(iterator_state: dict[str, Any], tokenizer_fingerprint: str) -> dict:
@@ -102,65 +102,6 @@ class _SealingManager(ocp.CheckpointManager):
     return result
 
 
-# Orbax's notices on opening a checkpoint directory read-only: expected, not
-# worth a notebook user's attention on every ``bertjax.load``.
-_READ_ONLY_NOTICES = ("CheckpointManagerOptions.read_only=True, setting",
-                      "Given directory is read only=")
-
-
-class _DropNotices(std_logging.Filter):
-
-  def filter(self, record: std_logging.LogRecord) -> bool:
-    return not str(record.msg).startswith(_READ_ONLY_NOTICES)
-
-
-@contextlib.contextmanager
-def quiet_read_only():
-  """Hides orbax's expected read-only notices and its "Sharding info not
-  provided" warning (params are restored where they fit); other warnings show."""
-  absl_logger = std_logging.getLogger("absl")
-  notices = _DropNotices()
-  absl_logger.addFilter(notices)
-  try:
-    with warnings.catch_warnings():
-      warnings.filterwarnings("ignore", message="Sharding info not provided")
-      yield
-  finally:
-    absl_logger.removeFilter(notices)
-
-
-class _Hold(std_logging.Filter):
-  """Holds back log records; ``replay`` emits them, or they are dropped."""
-
-  def __init__(self):
-    super().__init__()
-    self.records = []
-
-  def filter(self, record: std_logging.LogRecord) -> bool:
-    self.records.append(record)
-    return False
-
-
-@contextlib.contextmanager
-def _held_logs():
-  """Holds orbax's, asyncio's and root log records for one restore: replayed
-  when it succeeds, dropped when it fails (one bertjax line says why)."""
-  hold = _Hold()
-  loggers = [std_logging.getLogger(n) for n in ("absl", "asyncio", "")]
-  for logger in loggers:
-    logger.addFilter(hold)
-  ok = False
-  try:
-    yield
-    ok = True
-  finally:
-    for logger in loggers:
-      logger.removeFilter(hold)
-    if ok:
-      for record in hold.records:
-        std_logging.getLogger(record.name).handle(record)
-
-
 def newest_saved_config(workdir: str) -> tuple[int, dict[str, Any], str] | None:
   """(step, saved config, 'The checkpoint at step ... in ...') of the newest
   checkpoint whose config reads, or None; reads only, creates nothing.
@@ -197,7 +138,7 @@ class Checkpointer:
           read_only=True, create=False, max_to_keep=None, save_interval_steps=0)
     else:
       options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
-    with quiet_read_only():
+    with orbax_logs.quiet_read_only():
       self._manager = _SealingManager(self.directory, options=options,
                                       item_names=ITEMS)
     self._verdicts: dict[int, manifest_lib.Verdict] = {}
@@ -379,7 +320,7 @@ class Checkpointer:
       if step is None:
         return None
       try:
-        with _held_logs():
+        with orbax_logs.held_logs():
           state, iterator_state = self.restore(step, abstract_state, shardings)
       except StateMismatch:
         raise

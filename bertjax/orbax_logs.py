@@ -1,0 +1,71 @@
+"""Orbax's log lines around bertjax's checkpoints: what a reader need not see.
+
+``quiet_read_only`` hides the notices orbax prints on every read-only open;
+``held_logs`` keeps a restore's lines back until it is known to have worked,
+since a failed one is reported in one bertjax line (bertjax/checkpointing.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging as std_logging
+import warnings
+
+
+# Orbax's notices on opening a checkpoint directory read-only: expected, not
+# worth a notebook user's attention on every ``bertjax.load``.
+_READ_ONLY_NOTICES = ("CheckpointManagerOptions.read_only=True, setting",
+                      "Given directory is read only=")
+
+
+class _DropNotices(std_logging.Filter):
+
+  def filter(self, record: std_logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(_READ_ONLY_NOTICES)
+
+
+@contextlib.contextmanager
+def quiet_read_only():
+  """Hides orbax's expected read-only notices and its "Sharding info not
+  provided" warning (params are restored where they fit); other warnings show."""
+  absl_logger = std_logging.getLogger("absl")
+  notices = _DropNotices()
+  absl_logger.addFilter(notices)
+  try:
+    with warnings.catch_warnings():
+      warnings.filterwarnings("ignore", message="Sharding info not provided")
+      yield
+  finally:
+    absl_logger.removeFilter(notices)
+
+
+class _Hold(std_logging.Filter):
+  """Holds back log records; ``replay`` emits them, or they are dropped."""
+
+  def __init__(self):
+    super().__init__()
+    self.records = []
+
+  def filter(self, record: std_logging.LogRecord) -> bool:
+    self.records.append(record)
+    return False
+
+
+@contextlib.contextmanager
+def held_logs():
+  """Holds orbax's, asyncio's and root log records for one restore: replayed
+  when it succeeds, dropped when it fails (one bertjax line says why)."""
+  hold = _Hold()
+  loggers = [std_logging.getLogger(n) for n in ("absl", "asyncio", "")]
+  for logger in loggers:
+    logger.addFilter(hold)
+  ok = False
+  try:
+    yield
+    ok = True
+  finally:
+    for logger in loggers:
+      logger.removeFilter(hold)
+    if ok:
+      for record in hold.records:
+        std_logging.getLogger(record.name).handle(record)
