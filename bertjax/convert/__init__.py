@@ -11,7 +11,8 @@ Layout of the package:
   core.py           HF tensors <-> bertjax params with a mapping
   hf_files.py       reading/writing HF directories (safetensors needs no torch)
   hf_tokenizers.py  the imported model's own tokenizer, with bertjax's ids
-  workdir.py        import into / export from an orbax checkpoint workdir
+  workdir.py        import into an orbax checkpoint workdir
+  export.py         export from one (and a checkpoint's params, read alone)
   export_target.py  which --to_hf directories an export may write (or replace)
   spm_export.py     a bertjax-trained sentencepiece tokenizer as HF files
   pair_format.py    the separators between a pair's texts, as its tokenizer says

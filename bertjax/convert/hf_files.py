@@ -23,6 +23,7 @@ import numpy as np
 
 from bertjax import paths
 
+CONFIG_FILE = "config.json"
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 TORCH_BIN = "pytorch_model.bin"
@@ -34,7 +35,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 def read_config(hf_dir: str) -> dict[str, Any]:
   """config.json of an HF model directory."""
-  path = paths.join(hf_dir, "config.json")
+  path = paths.join(hf_dir, CONFIG_FILE)
   if not paths.exists(path):
     raise ValueError(
         f"{hf_dir} has no config.json; pass --from_hf a Hugging Face model "
@@ -138,7 +139,7 @@ def write(out_dir: str, config: Mapping[str, Any], tensors: Mapping[str, np.ndar
   transformers expects) into ``out_dir``."""
   from safetensors.numpy import save
   paths.makedirs(out_dir)
-  paths.write_text(paths.join(out_dir, "config.json"),
+  paths.write_text(paths.join(out_dir, CONFIG_FILE),
                    json.dumps(dict(config), indent=2, sort_keys=True))
   paths.write_bytes(paths.join(out_dir, SAFETENSORS),
                     save({k: np.ascontiguousarray(v) for k, v in tensors.items()},
