@@ -433,3 +433,16 @@ def test_prepare_binary_names_the_bucket_it_prepared_into(gcs, tmp_path):
       f"  tokenizer: {bucket}/cli/data/tokenizers/bertjax_local_text.model ("), lines
   assert "cli/data/tokenizers/bertjax_local_text.model" in gcs.object_names()
   assert os.listdir(cwd) == []
+
+
+def test_a_same_size_overwrite_of_a_gs_text_file_changes_its_stamp(gcs):
+  """The stamp that decides whether an interrupted prepare's staged text is
+  reused comes from the object's metadata (its generation), not its size or
+  its whole-second mtime, and reads no content."""
+  from bertjax import paths
+  text = f"gs://{gcs.bucket}/stamps/a.txt"
+  paths.write_text(text, "The same size. One sentence.")
+  before = paths.file_stamp(text)
+  assert paths.file_stamp(text) == before
+  paths.write_text(text, "The SAME size. One sentence.")
+  assert paths.file_stamp(text) != before

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import re
 import time
@@ -37,6 +38,9 @@ from bertjax.data import workers
 OWN_DATASETS = ("bertjax_python_docs", "bertjax_local_text")
 _LOCAL_VERSION = "1.0.0"
 _LISTED_FILES = 10_000
+# In a local text dataset's staging: the stamp (paths.file_stamp) of each
+# input file the staged units were read from.
+_STAMPS = "inputs.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,11 +271,18 @@ def _local_text(config, data_dir: str, engine: Engine) -> str:
     return dataset_dir
 
   start = time.time()
+  # The plan names each file's content stamp, not just its size: a unit an
+  # interrupted prepare staged is reused only while its files are unchanged.
+  stamps = {f[0]: paths.file_stamp(f[0]) for f in files}
+  content = hashlib.sha256(json.dumps(stamps, sort_keys=True).encode()).hexdigest()
   # 'whole-files': units of the receipts that report bad files by name.
   plan = hashlib.sha256(
-      f"{fingerprint}|{cfg}|{engine.block_bytes}|whole-files".encode()).hexdigest()[:16]
+      f"{fingerprint}|{content}|{cfg}|{engine.block_bytes}|whole-files".encode()
+  ).hexdigest()[:16]
   stage = staged.Stage(dataset_dir, "bertjax_local_text", plan)
+  _warn_if_restarted(stage, stamps)
   stage.clear_other_plans()
+  paths.write_json(stage.dir / _STAMPS, {"plan": plan, "stamps": stamps})
   groups = units.plan_text(found, engine.block_bytes)
   tasks = [units.TextTask(i, tuple(g), cfg == "paragraphs", dataset_dir,
                           "bertjax_local_text", plan)
@@ -318,6 +329,27 @@ def _local_text(config, data_dir: str, engine: Engine) -> str:
   logging.info("Built %s in %.1f s: %d documents from %d files.", config.dataset,
                time.time() - start, docs, len(found))
   return dataset_dir
+
+
+def _warn_if_restarted(stage: staged.Stage, stamps: dict[str, str]) -> None:
+  """Warns, naming them, when files an interrupted prepare had begun to read
+  have changed since (an edit of the same size included): no unit it staged
+  is reused (the plan differs), the text is read again from the start."""
+  record = stage.dir / _STAMPS
+  try:
+    before = json.loads(record.read_text()) if record.exists() else {}
+  except ValueError:
+    return  # cut short: the plan alone decides
+  if before.get("plan") == stage.plan:
+    return
+  changed = [p for p, stamp in stamps.items()
+             if p in before.get("stamps", {}) and before["stamps"][p] != stamp]
+  if changed:
+    logging.warning(
+        "%d of the text files changed since an interrupted prepare began to "
+        "read them (%s); their text dataset is made again from the start, "
+        "from the files as they are now.", len(changed),
+        ", ".join(changed[:3]) + (", …" if len(changed) > 3 else ""))
 
 
 def _fill_empty_split(tasks, receipts, stage: staged.Stage, engine: Engine) -> None:

@@ -1,0 +1,109 @@
+"""Text files edited between an interrupted prepare and its rerun, and a
+damaged dataset of bertjax's own: what the rerun makes, and what it says."""
+
+import hashlib
+import logging
+import os
+
+import pytest
+
+import corpus_files
+from bertjax.data import text_sources
+from bertjax.data import units
+
+_ENGINE = text_sources.Engine(workers=1, block_bytes=30_000)  # ~10 units
+
+
+def _config(demo_config, text_files):
+  config = demo_config.copy_and_resolve_references()
+  config.dataset = "bertjax_local_text"
+  config.text_files = text_files
+  return config
+
+
+def _shards(dataset_dir):
+  """name -> sha256 of every published shard of a text dataset."""
+  out = {}
+  for name in sorted(os.listdir(dataset_dir)):
+    if ".array_record-" in name:
+      with open(os.path.join(dataset_dir, name), "rb") as f:
+        out[name] = hashlib.sha256(f.read()).hexdigest()
+  return out
+
+
+class _Stop(Exception):
+  """Stands for the SIGTERM that stops prepare between two units."""
+
+
+@pytest.mark.parametrize("keep_mtime", [False, True])
+def test_a_same_size_edit_after_an_interrupted_prepare_is_read_from_the_start(
+    demo_config, tmp_path, monkeypatch, caplog, keep_mtime):
+  """The units staged before the stop were read from the old text: the rerun
+  reuses none of them and names the file, so that the dataset is the one a
+  clean prepare of the edited files makes (also when the edit put the file's
+  mtime back, as rsync -t or cp -p do)."""
+  src = tmp_path / "src"
+  src.mkdir()
+  corpus_files.write_topic_files(src)
+  config = _config(demo_config, f"{src}/*.txt")
+  data_dir = str(tmp_path / "data")
+  dataset_dir = text_sources.local_text_dir(data_dir, config.dataset)
+
+  run_text, done = units.run_text, []
+
+  def stopped_after_three(task):
+    if len(done) == 3:
+      raise _Stop
+    done.append(task.index)
+    return run_text(task)
+
+  monkeypatch.setattr(units, "run_text", stopped_after_three)
+  with pytest.raises(_Stop):
+    text_sources.text_sources(config, data_dir, _ENGINE)
+  monkeypatch.setattr(units, "run_text", run_text)
+  assert done == [0, 1, 2]
+
+  # The first file is in unit 0, staged before the stop.
+  first = sorted(src.glob("*.txt"))[0]
+  old, stat = first.read_bytes(), first.stat()
+  new = old.replace(b"the ", b"THE ", 1)
+  assert new != old and len(new) == len(old)
+  first.write_bytes(new)
+  if keep_mtime:
+    os.utime(first, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+  with caplog.at_level(logging.WARNING):
+    text_sources.text_sources(config, data_dir, _ENGINE)
+  assert "1 of the text files changed since an interrupted prepare" in caplog.text
+  assert str(first) in caplog.text
+  resumed = _shards(dataset_dir)
+
+  clean_dir = str(tmp_path / "clean")
+  text_sources.text_sources(config, clean_dir, _ENGINE)
+  assert resumed == _shards(text_sources.local_text_dir(clean_dir, config.dataset))
+
+
+def test_an_unchanged_rerun_reuses_the_units_staged_before_the_stop(
+    demo_config, tmp_path, monkeypatch, caplog):
+  """The stamps cost no work when nothing changed: the staged units are kept."""
+  src = tmp_path / "src"
+  src.mkdir()
+  corpus_files.write_topic_files(src)
+  config = _config(demo_config, f"{src}/*.txt")
+  data_dir = str(tmp_path / "data")
+  run_text, ran = units.run_text, []
+
+  def counted(task):
+    if len(ran) == 3:
+      raise _Stop
+    ran.append(task.index)
+    return run_text(task)
+
+  monkeypatch.setattr(units, "run_text", counted)
+  with pytest.raises(_Stop):
+    text_sources.text_sources(config, data_dir, _ENGINE)
+  ran.clear()
+  monkeypatch.setattr(units, "run_text", lambda task: ran.append(task.index) or run_text(task))
+  with caplog.at_level(logging.WARNING):
+    text_sources.text_sources(config, data_dir, _ENGINE)
+  assert ran and not {0, 1, 2} & set(ran)
+  assert "changed since an interrupted prepare" not in caplog.text
