@@ -2,12 +2,14 @@
 damaged dataset of bertjax's own: what the rerun makes, and what it says."""
 
 import hashlib
+import json
 import logging
 import os
 
 import pytest
 
 import corpus_files
+from bertjax.data import shards
 from bertjax.data import text_sources
 from bertjax.data import units
 
@@ -107,3 +109,51 @@ def test_an_unchanged_rerun_reuses_the_units_staged_before_the_stop(
     text_sources.text_sources(config, data_dir, _ENGINE)
   assert ran and not {0, 1, 2} & set(ran)
   assert "changed since an interrupted prepare" not in caplog.text
+
+
+def _garbled(dataset_dir):
+  with open(os.path.join(dataset_dir, "dataset_info.json"), "w") as f:
+    f.write('{"name": "bertjax_local_text", "splits": [')  # cut short
+
+
+def _bad_template(dataset_dir):
+  # Still JSON, but its shards cannot be named: it fails only when a split is opened.
+  path = os.path.join(dataset_dir, "dataset_info.json")
+  with open(path) as f:
+    info = json.load(f)
+  for split in info["splits"]:
+    split["filepathTemplate"] = "{UNKNOWN}"
+  with open(path, "w") as f:
+    json.dump(info, f)
+
+
+@pytest.mark.parametrize("damage", [_garbled, _bad_template])
+def test_a_damaged_text_dataset_names_repair_which_makes_it_again(
+    demo_config, tmp_path, damage):
+  """bertjax's own dataset is made again by prepare --repair, never by
+  `tfds build` (which the message used to name, and which cannot make it)."""
+  src = tmp_path / "src"
+  src.mkdir()
+  corpus_files.write_topic_files(src)
+  config = _config(demo_config, f"{src}/*.txt")
+  data_dir = str(tmp_path / "data")
+  dataset_dir = text_sources.local_text_dir(data_dir, config.dataset)
+  text_sources.text_sources(config, data_dir, _ENGINE)
+  before = _shards(dataset_dir)
+
+  damage(dataset_dir)
+  with pytest.raises(ValueError) as refused:
+    text_sources.text_sources(config, data_dir, _ENGINE)
+  message = str(refused.value)
+  assert message.startswith(f"The prepared dataset {dataset_dir} cannot be read (")
+  assert "`python -m bertjax.prepare --repair` and the same --config and --workdir" in message
+  assert "tfds build" not in message and "\n" not in message
+
+  # What --repair does (bertjax/prepare.py): the check finds it, it is
+  # removed, and prepare makes the same shards again.
+  reports = shards.verify(data_dir)
+  assert {r.shard.dataset_dir for r in reports if r.problem} == {dataset_dir}
+  text_sources.check_rebuildable(dataset_dir)
+  assert shards.remove_damaged(reports) == [dataset_dir]
+  text_sources.text_sources(config, data_dir, _ENGINE)
+  assert _shards(dataset_dir) == before

@@ -63,6 +63,25 @@ def damaged_message(path: str, data_dir: str, reason: str) -> str:
           f"--config and --workdir (`--verify` lists every damaged shard).")
 
 
+def dataset_damaged_message(dataset_dir: str, error: BaseException) -> str:
+  """The one line for a dataset prepare made whose record (dataset_info.json,
+  features.json) or shards cannot be opened: bertjax's own datasets are made
+  again by prepare, not by TFDS."""
+  return (f"The prepared dataset {dataset_dir} cannot be read "
+          f"({short_reason(error)}); re-prepare it with `python -m "
+          f"bertjax.prepare --repair` and the same --config and --workdir "
+          f"(`--verify` lists what is damaged).")
+
+
+def own_info(dataset_dir: str) -> Any:
+  """TFDS's info of a dataset prepare made, or a DamagedShardError saying
+  how to make it again when its record is damaged."""
+  try:
+    return tfds.builder_from_directory(dataset_dir).info
+  except Exception as e:  # pylint: disable=broad-except  (JSON, proto, template errors)
+    raise DamagedShardError(dataset_damaged_message(dataset_dir, e)) from e
+
+
 def short_reason(error: BaseException) -> str:
   """Riegeli's first complaint without hash values: 'chunk data hash mismatch at byte 1180'."""
   if not str(error):  # array_record's reader says nothing when it cannot open a file
@@ -180,9 +199,17 @@ def verify(data_dir: str) -> list[Report]:
     return _verify_remote(data_dir)
   reports = []
   for dataset_dir in own_dataset_dirs(data_dir):
-    manifest = read_manifest(dataset_dir)
-    builder = tfds.builder_from_directory(dataset_dir)
-    for shard in dataset_shards(dataset_dir):
+    try:
+      manifest = read_manifest(dataset_dir)
+      builder = tfds.builder_from_directory(dataset_dir)
+      found = dataset_shards(dataset_dir)
+    except Exception as e:  # pylint: disable=broad-except
+      # Its record (dataset_info.json, features.json, the manifest) is
+      # damaged: no shard can be named, the whole dataset is to be made again.
+      reports.append(Report(Shard(dataset_dir, "(record)", dataset_dir, 0),
+                            f"its record cannot be read: {short_reason(e)}", False))
+      continue
+    for shard in found:
       recorded = (manifest or {}).get(os.path.basename(shard.path), {})
       size = _size_problem(shard, manifest)
       decoded = None if size == "the file is missing" else _decode_problem(
@@ -206,10 +233,11 @@ def _verify_remote(data_dir: str) -> list[Report]:
   reports = []
   for r in verify(local):
     dataset_dir = paths.join(remote, os.path.relpath(r.shard.dataset_dir, local))
-    shard = dataclasses.replace(r.shard, dataset_dir=dataset_dir, path=paths.join(
-        dataset_dir, os.path.basename(r.shard.path)))
+    shard = dataclasses.replace(r.shard, dataset_dir=dataset_dir, path=dataset_dir if (
+        r.shard.path == r.shard.dataset_dir) else paths.join(
+            dataset_dir, os.path.basename(r.shard.path)))
     problem = r.problem
-    want = (read_manifest(r.shard.dataset_dir) or {}).get(
+    want = None if problem else (read_manifest(r.shard.dataset_dir) or {}).get(
         os.path.basename(r.shard.path), {}).get("sha256")
     if problem is None and want and tokenizer_lib.file_fingerprint(shard.path) != want:
       problem = "the bucket's copy: sha256 differs from what prepare recorded"

@@ -164,7 +164,7 @@ def _stored(dataset_dir: str) -> dict[str, Any] | None:
   """The metadata of the text dataset published at ``dataset_dir``, or None."""
   if not staged.is_published(dataset_dir):
     return None
-  return dict(tfds.builder_from_directory(dataset_dir).info.metadata or {})
+  return dict(shards.own_info(dataset_dir).metadata or {})
 
 
 def _prepared_from(dataset_dir: str, text_files: str) -> bool:
@@ -450,11 +450,11 @@ def _sized(source: units.TextSource, info: Any, split: str,
   try:
     num_docs = len(source.open())
   except Exception as e:  # pylint: disable=broad-except
-    hint = (_array_record_hint(source.path, source.data_dir, source.tfds_dir)
-            if source.kind == "public" else _array_record_hint(source.path))
+    if source.kind == "own":
+      raise shards.DamagedShardError(shards.dataset_damaged_message(source.path, e)) from e
     raise ValueError(
         f"Cannot read TFDS dataset {source.path!r} split {split!r} ({e}); "
-        + hint + ".") from e
+        + _array_record_hint(source.path, source.data_dir, source.tfds_dir) + ".") from e
   full = info.splits[_base_split(split)]
   num_bytes = full.num_bytes * num_docs // max(full.num_examples, 1)
   exact = (sentences or {}).get(split) if split == _base_split(split) else None
@@ -472,7 +472,7 @@ def text_sources(config, data_dir: str, engine: Engine) -> dict[str, Split]:
           f"set --config.dataset=bertjax_python_docs.")
     dataset_dir = (_python_docs(data_dir) if name == "bertjax_python_docs"
                    else _local_text(config, data_dir, engine))
-    info = tfds.builder_from_directory(dataset_dir).info
+    info = shards.own_info(dataset_dir)
     _check_splits(config.dataset, info.splits, wanted)
     return {s: _sized(units.TextSource("own", dataset_dir, s, data_dir), info, s,
                       info.metadata.get("num_sentences"), _field(s, wanted))
