@@ -157,3 +157,20 @@ def test_a_damaged_text_dataset_names_repair_which_makes_it_again(
   assert shards.remove_damaged(reports) == [dataset_dir]
   text_sources.text_sources(config, data_dir, _ENGINE)
   assert _shards(dataset_dir) == before
+
+
+def test_a_damaged_demo_dataset_names_repair_which_makes_it_again(demo_config, tmp_path):
+  data_dir = str(tmp_path / "data")
+  text_sources.text_sources(demo_config, data_dir, _ENGINE)
+  (dataset_dir,) = shards.own_dataset_dirs(data_dir)
+  before = _shards(dataset_dir)
+  _garbled(dataset_dir)
+  with pytest.raises(ValueError, match=r"^The prepared dataset .*bertjax_python_docs "
+                     r"cannot be read \(.*\); re-prepare it with `python -m "
+                     r"bertjax.prepare --repair`"):
+    text_sources.text_sources(demo_config, data_dir, _ENGINE)
+  reports = shards.verify(data_dir)
+  assert [r.shard.split for r in reports if r.problem] == ["(record)"]
+  assert shards.remove_damaged(reports) == [dataset_dir]
+  text_sources.text_sources(demo_config, data_dir, _ENGINE)
+  assert _shards(dataset_dir) == before

@@ -111,9 +111,14 @@ def _check_splits(dataset: str, available: Iterable[str], wanted: list[str],
 
 
 def _python_docs(data_dir: str) -> str:
-  builder = builders.BertjaxPythonDocs(data_dir=data_dir,
-                                       file_format=builders.FILE_FORMAT)
-  if builder.is_prepared():
+  try:
+    builder = builders.BertjaxPythonDocs(data_dir=data_dir,
+                                         file_format=builders.FILE_FORMAT)
+    prepared = builder.is_prepared()
+  except Exception as e:  # pylint: disable=broad-except  (its dataset_info.json read)
+    raise shards.DamagedShardError(shards.dataset_damaged_message(
+        os.path.join(data_dir, "bertjax_python_docs"), e)) from e
+  if prepared:
     logging.info("Reusing text dataset %s.", builder.data_path)
   else:
     builder.download_and_prepare()
