@@ -12,9 +12,13 @@ file. Prepared shards record it, so that shards and tokenizer cannot be mixed up
 from __future__ import annotations
 
 import hashlib
-import io
+import json
 import os
 import re
+import struct
+import subprocess
+import sys
+import tempfile
 from typing import Iterable, Iterator
 
 import numpy as np
@@ -23,6 +27,7 @@ from sentencepiece import sentencepiece_model_pb2
 
 from bertjax import batch as batch_lib
 from bertjax import paths
+from bertjax.data import spm_trainer
 
 # config.tokenizer -> sentencepiece model type. Every tokenizer bertjax trains
 # falls back to UTF-8 bytes (256 '<0x..>' pieces) for characters outside its
@@ -185,6 +190,8 @@ class Tokenizer:
 # (a script it does not know, a one-line file) would never reach the
 # vocabulary. Longer ones are given to it in pieces of at most this many bytes.
 _TRAINER_LINE_BYTES = 4096
+# Sentences go to the trainer's process in writes of about this many bytes.
+_FEED_BYTES = 1 << 20
 
 
 def _trainer_lines(sentence: str) -> Iterator[str]:
@@ -233,40 +240,24 @@ def train(sentences: Iterable[str], model_path: str, vocab_size: int,
         f"vocab_size={vocab_size} leaves no room for text pieces; set "
         f"--config.vocab_size above {batch_lib.NUM_SPECIAL_TOKENS + 1}.")
 
-  # sentencepiece turns an exception raised while it reads the sentences
-  # (Ctrl-C, SIGTERM's stop, a read error) into RuntimeError('INTERNAL:
-  # KeyboardInterrupt: <EMPTY MESSAGE>'), which read as an empty corpus; it is
-  # raised again as itself.
-  raised: list[BaseException] = []
-
   def nonempty():
-    try:
-      for sentence in sentences:
-        if sentence.strip():
-          yield from _trainer_lines(sentence)
-    except BaseException as e:  # pylint: disable=broad-except
-      raised.append(e)
-      raise
+    for sentence in sentences:
+      if sentence.strip():
+        yield from _trainer_lines(sentence)
 
-  spm.set_random_generator_seed(_TRAIN_SEED)
-  model = io.BytesIO()
   try:
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=nonempty(),
-        model_writer=model,
-        model_type=_MODEL_TYPES[model_type],
-        byte_fallback=True,
-        vocab_size=vocab_size,
-        pad_id=batch_lib.PAD_ID, pad_piece="[PAD]",
-        unk_id=batch_lib.UNK_ID, unk_piece="[UNK]",
-        bos_id=-1, eos_id=-1,
+    model = _train_in_child(nonempty(), {
+        "model_type": _MODEL_TYPES[model_type],
+        "byte_fallback": True,
+        "vocab_size": vocab_size,
+        "pad_id": batch_lib.PAD_ID, "pad_piece": "[PAD]",
+        "unk_id": batch_lib.UNK_ID, "unk_piece": "[UNK]",
+        "bos_id": -1, "eos_id": -1,
         # Control symbols take the next free ids in order: 2, 3, 4.
-        control_symbols=list(batch_lib.SPECIAL_TOKENS[2:]),
-        num_threads=num_threads,
-        minloglevel=2)
+        "control_symbols": list(batch_lib.SPECIAL_TOKENS[2:]),
+        "num_threads": num_threads,
+        "minloglevel": 2})
   except RuntimeError as e:
-    if raised:
-      raise raised[0] from None
     too_high = _TOO_HIGH.search(str(e))
     if too_high:
       raise VocabTooLargeError(
@@ -289,6 +280,54 @@ def train(sentences: Iterable[str], model_path: str, vocab_size: int,
   os.makedirs(os.path.dirname(os.path.abspath(model_path)), exist_ok=True)
   tmp_path = f"{model_path}.tmp-{os.getpid()}"
   with open(tmp_path, "wb") as f:
-    f.write(model.getvalue())
+    f.write(model)
   os.replace(tmp_path, model_path)
   return Tokenizer(model_path)
+
+
+def _train_in_child(lines: Iterator[str], options: dict) -> bytes:
+  """sentencepiece's trainer on ``lines``, run by bertjax/data/spm_trainer.py
+  in a child process; returns the model's bytes.
+
+  This process feeds the child and waits on its pipe, so a signal's handler
+  (prepare's SIGTERM stop, Ctrl-C) runs at once: the child is then killed,
+  and no model written. Raises RuntimeError with the trainer's message when
+  it fails; whatever reading ``lines`` raises is raised as itself.
+  """
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+      [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+  with tempfile.TemporaryFile() as errors:
+    child = subprocess.Popen(
+        [sys.executable, "-m", "bertjax.data.spm_trainer"], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=errors, env=env)
+    try:
+      try:
+        child.stdin.write(json.dumps({"parent": os.getpid(), "seed": _TRAIN_SEED,
+                                      "options": options}).encode() + b"\n")
+        chunk = bytearray()
+        for line in lines:
+          data = line.encode("utf-8")
+          chunk += struct.pack(">I", len(data)) + data
+          if len(chunk) >= _FEED_BYTES:
+            child.stdin.write(chunk)
+            chunk.clear()
+        child.stdin.write(chunk + struct.pack(">I", spm_trainer.END))
+        child.stdin.close()
+      except BrokenPipeError:
+        pass  # the trainer stopped early: its status and message say why
+      model = child.stdout.read()
+      status = child.wait()
+    finally:
+      if child.poll() is None:  # stopped while it reads or trains
+        child.kill()
+        child.wait()
+      child.stdout.close()
+    errors.seek(0)
+    message = errors.read().decode("utf-8", "replace").strip()
+  if status == spm_trainer.TRAINER_ERROR:
+    raise RuntimeError(message)
+  if status != 0:
+    raise RuntimeError(f"sentencepiece's trainer process ended with status {status}"
+                       + (f": {message.splitlines()[-1]}" if message else ""))
+  return model
