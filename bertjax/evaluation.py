@@ -237,6 +237,14 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None) -> dict[s
   it; the latest of a run still training there even when the run removes it
   meanwhile."""
   from bertjax import checkpointing
+  from bertjax.data import layout
+  # As training does: processes given other flags would evaluate different
+  # checkpoints (or data) side by side, each its own, without a word.
+  workdir = paths.absolute(workdir)
+  multihost.check_same_run(
+      config.to_dict(), {"workdir": workdir,
+                         "data_dir": layout.resolve_data_dir(config, workdir),
+                         "step": step}, False)
   return checkpointing.read_while_training(
       workdir, step, lambda s: _evaluate_checkpoint(config, workdir, s))
 

@@ -12,7 +12,11 @@ same command goes on:
   - during an evaluation: the evaluation is abandoned (the final one is rerun
     by the next run), after the checkpoint of the step has committed.
 ``bertjax.main`` calls ``catch_sigterm`` before its heavy imports, so a
-SIGTERM during start-up is remembered rather than fatal (exit 143).
+SIGTERM during start-up is remembered rather than fatal (exit 143). With
+several processes (``jax.distributed``) JAX's preemption notifier takes
+SIGTERM from the end of ``jax.distributed.initialize`` on, and all stop after
+the same step, the run's first at the earliest; one remembered before that
+stops every process at the config check (``multihost.check_same_run``).
 Ctrl-C (SIGINT) in the train loop is taken the same way, with exit status
 ``EXIT_INTERRUPTED``; a second Ctrl-C, or one outside the loop (start-up,
 data preparation), stops at once, and the binaries say so in one line
@@ -69,6 +73,15 @@ class Preempted(Exception):
                      f"({newest}), run the same command again to go on.")
 
   @classmethod
+  def during_start_up(cls, processes: list[int]) -> "Preempted":
+    """Several processes, one or more of which got SIGTERM before JAX's
+    preemption notifier was installed (``multihost.check_same_run``)."""
+    which = ", ".join(str(p) for p in processes)
+    return cls(0, f"Preempted while the run started (SIGTERM to process "
+                  f"{which}); nothing read or written yet, run the same command "
+                  "again to go on.")
+
+  @classmethod
   def during_final_evaluation(cls, step: int) -> "Preempted":
     return cls(step, f"{_cause()} during the final evaluation; the checkpoint of "
                      f"step {step} is saved, run the same command again to "
@@ -120,16 +133,18 @@ def _several_processes() -> bool:
 class PreemptionWatcher:
   """Notices SIGTERM (and, on pods, JAX's preemption sync point).
 
-  With several processes SIGTERM is left to JAX's preemption notifier, which
-  jax.distributed.initialize installs: it tells every process, and all stop
-  after the same step. A handler of ours would hide the signal from it, and a
-  process that stopped on its own would leave the others waiting in the next
-  step's collectives.
+  With ``jax.distributed`` running SIGTERM is left to JAX's preemption
+  notifier, which jax.distributed.initialize installs: it tells every
+  process, and all stop after the same step. A handler of ours would hide
+  the signal from it, and a process that stopped on its own would leave the
+  others waiting in the next step's collectives. (A SIGTERM that came before
+  the notifier was there is bertjax's to pass on: ``multihost.check_same_run``.)
   """
 
   def __init__(self):
     self._previous = None
     self._previous_sigint = None
+    self._steps = 0  # train-loop steps of this run, JAX's sync-point ids
     if (threading.current_thread() is threading.main_thread()
         and not _several_processes()):
       self._previous = signal.signal(signal.SIGTERM, _on_sigterm)
@@ -148,18 +163,38 @@ class PreemptionWatcher:
     """Whether this process got SIGTERM (no cross-host agreement)."""
     return _SIGTERM.is_set()
 
-  def should_stop(self, step: int) -> bool:
-    """Whether to stop after ``step``; on pods all hosts agree on it."""
+  @staticmethod
+  def before_first_step() -> bool:
+    """Whether to stop before the train loop's first step (nothing to save).
+
+    With ``jax.distributed`` running only a SIGTERM of one process that is
+    alone in the run: the processes of a larger run have agreed on the ones
+    that came before JAX's notifier (``multihost.check_same_run``), and JAX's
+    sync point stops them at the same step, after the first, for those that
+    came after it.
+    """
+    if not _several_processes():
+      return _SIGTERM.is_set()
     import jax
-    if _SIGTERM.is_set() and jax.process_count() == 1:
-      return True
-    if jax.process_count() > 1:
-      from jax.experimental import multihost_utils
-      try:
-        return bool(multihost_utils.reached_preemption_sync_point(step))
-      except RuntimeError:  # no preemption service in this cluster set-up
-        return False
-    return False
+    return _SIGTERM.is_set() and jax.process_count() == 1
+
+  def should_stop(self, step: int) -> bool:
+    """Whether to stop after ``step``, called once after every step of the
+    train loop; on pods all hosts agree on it."""
+    if not _several_processes():
+      return _SIGTERM.is_set()
+    # JAX's sync point is the step after the newest any process had reached
+    # when the notice came, counted from 0 before the first call: numbered
+    # from the run's own first step, a notice that came during start-up
+    # stops a resumed run too (with the global step, a run resumed at step 4
+    # waited for step 1 and never stopped).
+    self._steps += 1
+    from jax.experimental import multihost_utils
+    try:
+      return bool(multihost_utils.reached_preemption_sync_point(self._steps))
+    except RuntimeError:  # no preemption service in this cluster set-up
+      import jax
+      return _SIGTERM.is_set() and jax.process_count() == 1
 
   def close(self) -> None:
     if self._previous is not None:

@@ -214,42 +214,100 @@ def barrier(name: str) -> None:
   _meet(lambda ms: client.wait_at_barrier(key, ms), f"the {name}")
 
 
-def check_same_config(config: dict[str, Any]) -> None:
-  """Refuses a run whose processes were started with different configs.
+# How to fix a difference in each argument of ``check_same_run``.
+_ARGUMENT_FIXES = {
+    "workdir": "start every process with the same --workdir, one that every "
+               "host reaches (a gs:// bucket or a shared file system)",
+    "data_dir": "start every process with the same --config.data_dir, absolute "
+                "or gs:// (a relative one is read from each process's working "
+                "directory)",
+    "step": "start every process with the same --step",
+}
+
+
+def _difference(mine: dict, theirs: dict, index: int, other: int) -> str | None:
+  """The sentence naming the first argument, then config field, that differs
+  between process ``index`` (``mine``) and ``other`` (``theirs``), or None."""
+  first, second = sorted((index, other))
+  for name in mine["args"]:  # in the caller's order: the workdir first
+    values = {index: mine["args"][name], other: theirs["args"].get(name)}
+    if values[index] != values[other]:
+      fix = _ARGUMENT_FIXES.get(name, f"give every process the same {name}")
+      return (f"Process {first} and process {second} were started with "
+              f"different {name}s: {values[first]!r} on process {first} and "
+              f"{values[second]!r} on process {second}; {fix}.")
+  a, b = mine["config"], theirs["config"]
+  field = next((k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)), None)
+  if field is None:
+    return None
+  values = {index: a.get(field), other: b.get(field)}
+  return (f"Process {first} and process {second} were started with different "
+          f"configs: config.{field} is {values[first]!r} on process {first} and "
+          f"{values[second]!r} on process {second}; start every process with the "
+          "same --config and --config.FIELD flags.")
+
+
+def check_same_run(config: dict[str, Any], args: dict[str, Any],
+                   signalled: bool) -> list[int]:
+  """Refuses a run whose processes were started with different configs or
+  arguments; says which processes got SIGTERM while they started.
 
   Every process compiles its own copy of the step; with another learning rate
   or seed on one host they would run side by side and train nonsense without
-  an error. Each process publishes its config on JAX's coordination service;
-  process 0 compares every other's with its own, the others theirs with
-  process 0's, so that each stops with the same sentence.
+  an error, and with another workdir each would write its own checkpoints (or
+  one the shared ones, another a local copy) without a word. Each process
+  publishes what it was given on JAX's coordination service; process 0
+  compares every other's with its own and publishes the verdict, which every
+  process follows, so all stop with the same sentence or all go on.
+
+  A SIGTERM that reached a process before ``jax.distributed.initialize`` had
+  installed JAX's preemption notifier was taken by bertjax's own handler
+  (``guards.catch_sigterm``), and JAX's notifier never hears of it: the
+  verdict carries it to every process, so that all stop before the first step.
 
   Args:
     config: the run's config as a dict (``ConfigDict.to_dict()``).
+    args: the run's other arguments that every process must share, by flag
+      name, e.g. ``{"workdir": ...}``: paths as the path layer normalised them
+      on this host (``paths.absolute``; local symlinks are not resolved, one
+      host's file system says nothing about another's).
+    signalled: whether this process got SIGTERM before the exchange.
+
+  Returns:
+    The processes that got SIGTERM before the exchange, the same list on
+    every process ([] to go on; always [] with one process).
 
   Raises:
-    ValueError: naming the first field that differs, before any device work.
+    ValueError: naming the first config field or argument that differs and
+      its value on both processes, before any device work.
   """
   import jax
   if jax.process_count() == 1:
-    return
+    return []
   client = _client()
   call = next(_calls)
-  mine = json.dumps(config, sort_keys=True, default=str)
   index = jax.process_index()
-  client.key_value_set(f"bertjax/config/{call}/{index}", mine)
-  others = range(1, jax.process_count()) if index == 0 else [0]
-  for other in others:
-    key = f"bertjax/config/{call}/{other}"
-    theirs = _meet(lambda ms: client.blocking_key_value_get(key, ms),
-                   "the config check")
-    if theirs == mine:
-      continue
-    a, b = json.loads(mine), json.loads(theirs)
-    field = next((k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)), "?")
-    first, second = sorted((index, other))
-    values = {index: a.get(field), other: b.get(field)}
-    raise ValueError(
-        f"Process {first} and process {second} were started with different "
-        f"configs: config.{field} is {values[first]!r} on process {first} and "
-        f"{values[second]!r} on process {second}; start every process with the "
-        "same --config and --config.FIELD flags.")
+  # The config's data_dir is compared as the caller resolved it, in ``args``.
+  config = {k: v for k, v in config.items() if k not in args}
+  mine = {"config": json.loads(json.dumps(config, sort_keys=True, default=str)),
+          "args": args, "signalled": bool(signalled)}
+  client.key_value_set(f"bertjax/run/{call}/{index}", json.dumps(mine, default=str))
+  verdict_key = f"bertjax/run/{call}/verdict"
+  if index == 0:
+    verdict = {"error": None, "signalled": [0] if signalled else []}
+    for other in range(1, jax.process_count()):
+      key = f"bertjax/run/{call}/{other}"
+      theirs = json.loads(_meet(lambda ms: client.blocking_key_value_get(key, ms),
+                                "the config check"))
+      if theirs["signalled"]:
+        verdict["signalled"].append(other)
+      if verdict["error"] is None:
+        verdict["error"] = _difference(mine, theirs, 0, other)
+    client.key_value_set(verdict_key, json.dumps(verdict))
+  else:
+    verdict = json.loads(_meet(
+        lambda ms: client.blocking_key_value_get(verdict_key, ms),
+        "the config check"))
+  if verdict["error"]:
+    raise ValueError(verdict["error"])
+  return verdict["signalled"]

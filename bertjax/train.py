@@ -259,11 +259,18 @@ def train_and_evaluate(config, workdir: str, *,
   """
   preemption = guards.PreemptionWatcher()
   try:
-    # First: a host started with other flags would fail elsewhere, or not at all.
-    multihost.check_same_config(config.to_dict())
+    # First: a host started with other flags would fail elsewhere, or not at
+    # all; one that got SIGTERM before JAX's notifier was there stops them all.
+    workdir = paths.absolute(workdir)
+    signalled = multihost.check_same_run(
+        config.to_dict(), {"workdir": workdir,
+                           "data_dir": layout.resolve_data_dir(config, workdir),
+                           "stop_at_step": stop_at_step},
+        preemption.signalled())
+    if signalled:
+      raise guards.Preempted.during_start_up(signalled)
     config_validation.validate(config, variant=False)
     compat.allowed(config)  # a misspelt allow_changes fails before anything
-    workdir = paths.absolute(workdir)
     layout.check_directories(config, workdir)  # reads only: no file in the way
     newest = checkpointing.newest_saved_config(workdir)
     compat.check_workdir_kind(newest, config, workdir)
@@ -313,7 +320,7 @@ def _train_and_evaluate(config, workdir, stop_at_step, preemption):
     verified = checkpointer.verify(start).status == "ok"
     logging.info("Resuming from the checkpoint at step %d (%s).", start,
                  "checksums verified" if verified else "no checksums to verify")
-  if preemption.should_stop(start or 0):
+  if preemption.before_first_step():
     raise guards.Preempted.before_first_step(start)
   # Process 0 prepares what is missing while the others wait (bertjax/multihost.py).
   data_dir = prepare.resolve_data_dir(config, workdir)
@@ -365,7 +372,7 @@ def _train_and_evaluate(config, workdir, stop_at_step, preemption):
           state_lib.empty_carry(model, config), shardings.carry))
     logging.info("Resuming from step %d.", latest)
   step = int(jax.device_get(state.step))
-  if preemption.should_stop(step):
+  if preemption.before_first_step():
     raise guards.Preempted.before_first_step(None if restored is None else step)
 
   step_fn = make_train_step(model, objective, tx, shardings, mesh,

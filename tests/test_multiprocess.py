@@ -52,7 +52,9 @@ class _FakeCoordinator:
     self.values = dict(values or {})
 
   def key_value_set(self, key, value):
-    assert key not in self.values  # JAX refuses to set a key twice
+    # JAX refuses to set a key twice; a process whose wait is replayed (the
+    # KeyError below, then the same call again) sets the same value again.
+    assert self.values.get(key, value) == value
     self.values[key] = value
 
   def blocking_key_value_get(self, key, timeout_ms):
@@ -99,15 +101,110 @@ def test_a_failure_on_process_0_stops_the_others_with_its_message(as_process):
   assert not ran
 
 
+def _exchange(as_process, given):
+  """``check_same_run`` on process 1, then 0, then 1 again, on one fake store:
+  ``given[i]`` = (config, args, signalled) of process ``i``. Returns each
+  process's outcome, the list returned or the exception raised."""
+  client = as_process(1)
+  with pytest.raises(KeyError):  # process 1 waits for process 0's verdict
+    multihost.check_same_run(*given[1])
+  outcomes = []
+  for index in (0, 1):
+    client = as_process(index, client.values)
+    try:
+      outcomes.append(multihost.check_same_run(*given[index]))
+    except ValueError as e:
+      outcomes.append(e)
+  return outcomes
+
+
 def test_processes_started_with_different_configs_are_refused(as_process):
-  process_0 = {"seed": 0, "learning_rate": 0.002}
-  values = {"bertjax/config/0/0": json.dumps(process_0, sort_keys=True)}
-  as_process(1, values)
-  multihost.check_same_config(dict(process_0))  # the same: accepted
-  as_process(1, values)
-  with pytest.raises(ValueError, match=r"config.learning_rate is 0.002 on process 0 "
-                     r"and 0.001 on process 1"):
-    multihost.check_same_config({"seed": 0, "learning_rate": 0.001})
+  same = ({"seed": 0, "learning_rate": 0.002}, {"workdir": "/w"}, False)
+  assert _exchange(as_process, [same, same]) == [[], []]  # the same: accepted
+  other = ({"seed": 0, "learning_rate": 0.001}, {"workdir": "/w"}, False)
+  for e in _exchange(as_process, [same, other]):  # both stop, with one sentence
+    assert isinstance(e, ValueError)
+    assert "config.learning_rate is 0.002 on process 0 and 0.001 on process 1" in str(e)
+
+
+def test_processes_started_with_different_workdirs_are_refused(as_process):
+  """Each would write its own checkpoints (or one the shared bucket, another
+  a local directory) and nothing would say so."""
+  config = {"seed": 0, "data_dir": "gs://b/data"}
+  given = [(config, {"workdir": "gs://b/run", "data_dir": "gs://b/data"}, False),
+           (config, {"workdir": "/tmp/run", "data_dir": "gs://b/data"}, False)]
+  for e in _exchange(as_process, given):
+    assert isinstance(e, ValueError)
+    assert str(e).startswith("Process 0 and process 1 were started with different "
+                             "workdirs: 'gs://b/run' on process 0 and '/tmp/run' on "
+                             "process 1; start every process with the same --workdir")
+  # The config's data_dir is compared as resolved: one string per directory.
+  given = [({**config, "data_dir": "gs://b/data/"}, given[0][1], False),
+           (config, given[0][1], False)]
+  assert _exchange(as_process, given) == [[], []]
+
+
+def test_train_compares_the_normalised_workdir_before_anything_is_written(
+    as_process, tmp_path, monkeypatch):
+  """Before any read or write; ``paths.absolute``'s normalisation is the
+  sameness (a trailing slash is the same directory, a symlink is not
+  resolved: another host's file system may not have it)."""
+  from bertjax import config_files, config_validation, train
+  config = config_files.shipped("bert").get_config("tiny")
+  config.data_dir = str(tmp_path / "data")
+  (tmp_path / "real").mkdir()
+  (tmp_path / "link").symlink_to(tmp_path / "real")
+
+  class Passed(Exception):
+    pass
+
+  def passed(*a, **k):
+    raise Passed
+  monkeypatch.setattr(config_validation, "validate", passed)  # what comes next
+
+  def both(workdirs):
+    client = as_process(1)
+    with pytest.raises(KeyError):  # waiting for process 0's verdict
+      train.train_and_evaluate(config, workdirs[1])
+    outcomes = []
+    for index in (0, 1):
+      client = as_process(index, client.values)
+      with pytest.raises((ValueError, Passed)) as e:
+        train.train_and_evaluate(config, workdirs[index])
+      outcomes.append(e.value)
+    return outcomes
+
+  run = str(tmp_path / "run")
+  assert [type(e) for e in both([run, run + "/"])] == [Passed, Passed]
+  for e in both([str(tmp_path / "real"), str(tmp_path / "link")]):
+    assert isinstance(e, ValueError) and "different workdirs" in str(e)
+    assert f"'{tmp_path / 'real'}' on process 0 and '{tmp_path / 'link'}'" in str(e)
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real"]
+
+
+def test_evaluate_refuses_processes_given_different_workdirs(as_process, tmp_path):
+  """``bertjax.evaluate --distributed`` too: each would read its own checkpoint."""
+  from bertjax import config_files, evaluation
+  config = config_files.shipped("bert").get_config("tiny")
+  workdirs = [str(tmp_path / "a"), str(tmp_path / "b")]
+  client = as_process(1)
+  with pytest.raises(KeyError):  # waiting for process 0's verdict
+    evaluation.evaluate_checkpoint(config, workdirs[1])
+  for index in (0, 1):
+    client = as_process(index, client.values)
+    with pytest.raises(ValueError, match=f"different workdirs: '{workdirs[0]}' on "
+                       f"process 0 and '{workdirs[1]}' on process 1"):
+      evaluation.evaluate_checkpoint(config, workdirs[index])
+
+
+def test_a_sigterm_before_jax_took_it_stops_every_process(as_process):
+  """A SIGTERM that came before jax.distributed.initialize had installed
+  JAX's notifier was taken by bertjax's own handler, which JAX never hears
+  of: every process learns of it from the config check."""
+  run = ({"seed": 0}, {"workdir": "/w"}, False)
+  signalled = ({"seed": 0}, {"workdir": "/w"}, True)
+  assert _exchange(as_process, [run, signalled]) == [[1], [1]]
+  assert _exchange(as_process, [signalled, run]) == [[0], [0]]
 
 
 def test_a_process_that_never_comes_is_a_message_not_a_wait_for_ever(as_process):
@@ -171,10 +268,11 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _start(workdir, data_dir, tmp_path, name):
+def _start(workdir, data_dir, tmp_path, name, *, port=None, indices=(0, 1)):
   """Starts 2 processes of bertjax.main, 4 fake CPU devices each, on ``workdir``
-  (preparing the demo corpus into it when ``data_dir`` is '')."""
-  port = _free_port()
+  (preparing the demo corpus into it when ``data_dir`` is ''); only those of
+  ``indices`` when given, on ``port`` (the coordinator's)."""
+  port = port or _free_port()
   args = [sys.executable, "-m", "bertjax.main", "--config=configs/bert.py:tiny",
           f"--workdir={workdir}", f"--config.data_dir={data_dir}",
           "--config.batch_size=8", "--config.seq_len=32",
@@ -185,7 +283,7 @@ def _start(workdir, data_dir, tmp_path, name):
           # the hosts' data positions differ well before the first checkpoint.
           "--config.shuffle_window=8"]
   procs = []
-  for index in range(2):
+  for index in indices:
     env = dict(os.environ, JAX_PLATFORMS="cpu",
                XLA_FLAGS="--xla_force_host_platform_device_count=4",
                JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2",
@@ -277,3 +375,75 @@ def test_two_processes_train_and_resume_after_sigterm_as_if_never_stopped(tmp_pa
   for a, b in zip(jax.tree.leaves(states[0][0]), jax.tree.leaves(states[1][0])):
     assert (jax.device_get(a) == jax.device_get(b)).all()
   assert states[0][1] == states[1][1]  # process 0's data position
+
+
+@pytest.mark.skipif(not _gloo_available(),
+                    reason="this jaxlib has no gloo CPU collectives for several processes")
+def test_a_sigterm_during_jax_distributed_initialize_stops_both_processes(tmp_path):
+  """SIGTERM to process 0 while it waits in jax.distributed.initialize for
+  process 1: bertjax's handler took it, JAX's notifier (installed at the end
+  of initialize) never heard of it, and both trained to the end."""
+  port = _free_port()
+  work = tmp_path / "work"
+  first = _start(work, "", tmp_path, "init", port=port, indices=(0,))
+  deadline = time.time() + TIMEOUT
+  while True:  # process 0's coordinator listens: it is inside initialize
+    assert first[0].poll() is None, "process 0 ended before initialize"
+    assert time.time() < deadline, "process 0 never started its coordinator"
+    try:
+      socket.create_connection(("localhost", port), timeout=1).close()
+      break
+    except OSError:
+      time.sleep(0.05)
+  first[0].send_signal(signal.SIGTERM)
+  procs = first + _start(work, "", tmp_path, "init", port=port, indices=(1,))
+  codes, logs = _finish(procs, tmp_path, "init")
+  assert codes == [75, 75], logs[0][-3000:] + logs[1][-3000:]
+  for log in logs:
+    assert "Preempted while the run started (SIGTERM to process 0)" in log
+    assert "step 1/" not in log
+  assert not work.exists()  # stopped before anything was written
+
+
+# Each process: JAX's notifier gets SIGTERM (process 0's) before the watcher is
+# asked anything, as when it comes during a resumed run's start-up; then the
+# watcher is asked after steps 5, 6, ... as the train loop of a run resumed
+# at step 4 asks it. Prints the step it stopped after.
+_WATCHER = """
+import os, signal, sys, time
+import jax
+count, index = int(sys.argv[1]), int(sys.argv[2])
+jax.distributed.initialize(num_processes=count, process_id=index)
+from bertjax import guards
+if index == 0:
+  os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(3)  # the notice reaches every process before the first question
+watcher = guards.PreemptionWatcher()
+assert not watcher.before_first_step()
+for step in range(5, 15):
+  if watcher.should_stop(step):
+    print("stopped after", step, flush=True)
+    break
+  time.sleep(0.2)
+"""
+
+
+@pytest.mark.parametrize("count", [2, 1])
+def test_a_notice_during_start_up_stops_a_resumed_run(tmp_path, count):
+  """JAX's sync point is the step after the newest any process had asked
+  about, counted from 0: a run resumed at step 4 that passed its global
+  steps waited for step 1 and never stopped (and one process alone, with
+  jax.distributed, never asked JAX at all)."""
+  script = tmp_path / "watcher.py"
+  script.write_text(_WATCHER)
+  port = _free_port()
+  procs = [subprocess.Popen(
+      [sys.executable, str(script), str(count), str(index)], cwd=ROOT,
+      env=dict(os.environ, JAX_PLATFORMS="cpu", JAX_COORDINATOR_ADDRESS=f"localhost:{port}"),
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+      for index in range(count)]
+  outs = [p.communicate(timeout=TIMEOUT)[0] for p in procs]
+  assert [p.returncode for p in procs] == [0] * count, outs
+  stopped = [[line for line in out.splitlines() if line.startswith("stopped")]
+             for out in outs]
+  assert stopped == [["stopped after 5"]] * count, outs
