@@ -15,8 +15,9 @@ same command goes on:
 SIGTERM during start-up is remembered rather than fatal (exit 143). With
 several processes (``jax.distributed``) JAX's preemption notifier takes
 SIGTERM from the end of ``jax.distributed.initialize`` on, and all stop after
-the same step, the run's first at the earliest; one remembered before that
-stops every process at the config check (``multihost.check_same_run``).
+the same step, the run's first at the earliest; one remembered before the
+process had connected ends it at once (``bertjax/main.py``), one remembered
+after stops every process at the config check (``multihost.check_same_run``).
 Ctrl-C (SIGINT) in the train loop is taken the same way, with exit status
 ``EXIT_INTERRUPTED``; a second Ctrl-C, or one outside the loop (start-up,
 data preparation), stops at once, and the binaries say so in one line
@@ -71,6 +72,13 @@ class Preempted(Exception):
               else f"the newest checkpoint is step {newest}")
     return cls(step, f"Preempted before the first step; nothing new to save "
                      f"({newest}), run the same command again to go on.")
+
+  @classmethod
+  def while_connecting(cls) -> "Preempted":
+    """SIGTERM while this process waited in jax.distributed.initialize."""
+    return cls(0, "Preempted while this process waited for the others to "
+                  "connect (jax.distributed.initialize); nothing read or written, "
+                  "run the same command again to go on.")
 
   @classmethod
   def during_start_up(cls, processes: list[int]) -> "Preempted":

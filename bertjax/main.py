@@ -20,6 +20,9 @@ if __name__ == "__main__":
   host_memory.reexec_with_malloc_tunables()
   guards.catch_sigterm()
 
+import os  # noqa: E402
+import sys  # noqa: E402
+
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 
@@ -44,7 +47,15 @@ def main(argv):
   from bertjax import train  # imports JAX: after the SIGTERM handler is set
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  multihost.initialize(_DISTRIBUTED.value)
+  try:
+    multihost.initialize(_DISTRIBUTED.value,
+                         stop=guards.PreemptionWatcher.signalled)
+  except multihost.StoppedWhileConnecting:
+    # JAX's connect goes on in a thread nothing can stop, and interpreter
+    # shutdown would wait on it: the process ends here, with nothing done.
+    print(guards.Preempted.while_connecting(), flush=True)
+    sys.stdout.flush()
+    os._exit(guards.EXIT_PREEMPTED)
   try:
     train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except guards.Preempted as e:

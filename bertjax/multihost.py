@@ -87,22 +87,65 @@ def arguments(environ=None) -> dict:
   return kwargs
 
 
-def initialize(flag_value: bool | None) -> None:
-  """Starts ``jax.distributed`` when ``wanted(flag_value)``; before any device work."""
+class StoppedWhileConnecting(Exception):
+  """``stop()`` became true before this process had connected to the others."""
+
+
+def initialize(flag_value: bool | None,
+               stop: Callable[[], bool] | None = None) -> None:
+  """Starts ``jax.distributed`` when ``wanted(flag_value)``; before any device work.
+
+  Args:
+    flag_value: ``--distributed`` (None when not given).
+    stop: when given, asked every 0.1 s while this process waits for the
+      others to connect (up to JAX's 5 minutes): a process told to stop
+      (SIGTERM) is not kept there. The wait then goes on in a thread that
+      cannot be cancelled, so the caller must end the process at once
+      (``os._exit``), without interpreter shutdown.
+
+  Raises:
+    StoppedWhileConnecting: ``stop()`` was true before the connection.
+  """
   if not wanted(flag_value):
     return
   kwargs = arguments()
   import jax
-  try:
-    jax.distributed.initialize(**kwargs)
-  except ValueError as e:
-    if "Number of processes must be defined" in str(e) or (
-        "coordinator_address should be defined" in str(e)):
-      raise ValueError(
-          "--distributed found no TPU slice or cluster that tells JAX the "
-          f"processes; set {COORDINATOR}=HOST:PORT (process 0's), "
-          f"{NUM_PROCESSES}=N and {PROCESS_ID}=0..N-1 on each process.") from e
-    raise
+
+  def connect():
+    try:
+      jax.distributed.initialize(**kwargs)
+    except ValueError as e:
+      if "Number of processes must be defined" in str(e) or (
+          "coordinator_address should be defined" in str(e)):
+        raise ValueError(
+            "--distributed found no TPU slice or cluster that tells JAX the "
+            f"processes; set {COORDINATOR}=HOST:PORT (process 0's), "
+            f"{NUM_PROCESSES}=N and {PROCESS_ID}=0..N-1 on each process.") from e
+      raise
+
+  if stop is None:
+    return connect()
+  import threading
+  outcome = []
+
+  def connect_in_thread():
+    try:
+      connect()
+      outcome.append(None)
+    except BaseException as e:  # noqa: BLE001 — raised again below, in the caller's thread
+      outcome.append(e)
+
+  # JAX's connect holds no GIL while it waits, so this thread runs Python
+  # signal handlers (bertjax's SIGTERM handler) and asks ``stop``.
+  thread = threading.Thread(target=connect_in_thread, daemon=True,
+                            name="jax.distributed.initialize")
+  thread.start()
+  while thread.is_alive():
+    if stop():
+      raise StoppedWhileConnecting
+    thread.join(0.1)
+  if outcome and outcome[0] is not None:
+    raise outcome[0]
 
 
 def gather_json(value: Any) -> list[Any]:
@@ -261,7 +304,8 @@ def check_same_run(config: dict[str, Any], args: dict[str, Any],
   process follows, so all stop with the same sentence or all go on.
 
   A SIGTERM that reached a process before ``jax.distributed.initialize`` had
-  installed JAX's preemption notifier was taken by bertjax's own handler
+  installed JAX's preemption notifier (after the process connected: before,
+  ``initialize``'s ``stop`` ends it) was taken by bertjax's own handler
   (``guards.catch_sigterm``), and JAX's notifier never hears of it: the
   verdict carries it to every process, so that all stop before the first step.
 
