@@ -396,7 +396,11 @@ def test_a_sigterm_while_waiting_for_the_others_to_connect_exits_75(tmp_path):
     except OSError:
       time.sleep(0.05)
   procs[0].send_signal(signal.SIGTERM)
-  procs[0].wait(timeout=TIMEOUT)
+  try:
+    procs[0].wait(timeout=TIMEOUT)
+  except subprocess.TimeoutExpired:
+    procs[0].kill()
+    procs[0].wait()
   log = (tmp_path / "init.0.log").read_text()
   assert procs[0].returncode == 75, log[-3000:]
   assert "Preempted while this process waited for the others to connect" in log
