@@ -89,10 +89,7 @@ def validate(config, *, variant: bool = True, devices: int | None = None,
           f"it must be one of {', '.join(optim.OPTIMIZERS)}")
   if config.dtype not in _DTYPES:
     _fail("dtype", config.dtype, f"it must be one of {', '.join(_DTYPES)}")
-  if not 8 <= config.seq_len <= config.max_position_embeddings:
-    _fail("seq_len", config.seq_len,
-          f"it must be between 8 and max_position_embeddings "
-          f"({config.max_position_embeddings}), the size of the position table")
+  _check_seq_len(config)
   if not 1 <= config.max_predictions_per_seq <= config.seq_len:
     # What the shipped configs give: XLNet 1/K of the row, the others the
     # masked share of it (an import's slots follow its 512 positions, so a
@@ -153,6 +150,23 @@ def validate(config, *, variant: bool = True, devices: int | None = None,
   check_sharded_dims(config, shape)
   # Before any data is prepared: the same check as check_mesh, on the shape.
   _check_batch(config, shape["data"] * shape["fsdp"], shape, hosts)
+
+
+def _check_seq_len(config) -> None:
+  """At least 8 tokens; at most the absolute position table's rows where the
+  model has one. XLNet and DeBERTa without absolute positions have none:
+  their rows are bounded by memory alone (attention is [seq_len, seq_len])."""
+  from bertjax import models
+  rows = models.position_table_rows(config)
+  if rows is None:
+    if config.seq_len < 8:
+      _fail("seq_len", config.seq_len,
+            f"it must be at least 8 (model {config.model!r} has no absolute "
+            "position table, so max_position_embeddings does not bound it)")
+  elif not 8 <= config.seq_len <= rows:
+    _fail("seq_len", config.seq_len,
+          f"it must be between 8 and max_position_embeddings "
+          f"({rows}), the size of the position table")
 
 
 def check_variant(config) -> None:

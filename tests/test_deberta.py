@@ -342,3 +342,35 @@ def test_step_flops_count_the_disentangled_terms_and_emd():
   config.pos_att_type, config.emd_layers = "c2p", 0
   assert flops.step_flops(config) == pytest.approx(
       flops.step_flops(bert_like) + L * per_pass / 2)
+
+
+def test_seq_len_is_bounded_only_where_absolute_positions_are_read(
+    small_config, demo_data):
+  # Relative distances past max_relative_positions share its bucket; only
+  # the enhanced mask decoder and position_biased_input read the absolute
+  # table. Without either, rows longer than max_position_embeddings were
+  # refused as reading past it.
+  from bertjax import config_validation
+  c = small_config.copy_and_resolve_references()
+  c.max_position_embeddings = 16  # half the 32-token rows
+  c.max_relative_positions = 64  # its own range (the default is the table's)
+  with pytest.raises(ValueError, match=r"^config\.seq_len=32 is invalid: .* "
+                     r"max_position_embeddings \(16\), the size of the position table"):
+    config_validation.validate(c)  # EMD reads the table at every position
+  c.emd_layers = 0
+  c.position_biased_input = True
+  with pytest.raises(ValueError, match=r"the size of the position table"):
+    config_validation.validate(c)
+  c.position_biased_input = False
+  config_validation.validate(c)
+  state, metrics = variant_steps.one_train_step(c, demo_data.source("train"))
+  assert "position_embeddings" not in state.params["embeddings"]
+  total, count = (float(x) for x in metrics["mlm_loss"])
+  assert np.isfinite(total) and count > 0
+  # ELECTRA's DeBERTa towers (configs/deberta_v3.py) have no decoder.
+  v3 = config_files.load("deberta_v3:tiny")
+  v3.max_position_embeddings, v3.seq_len = 64, 128
+  config_validation.validate(v3)
+  v3.position_biased_input = True
+  with pytest.raises(ValueError, match=r"the size of the position table"):
+    config_validation.validate(v3)

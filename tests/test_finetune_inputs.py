@@ -458,3 +458,20 @@ def test_a_finished_workdir_predicts_after_its_init_trained_further(inits, tmp_p
   assert re.search(r"fine-tuned with num_epochs=1.0 but this run says num_epochs=3.0, .*; "
                    r"keep --config.num_epochs=1.0 to resume it as it was, or pass a new "
                    r"--workdir to fine-tune with the change\.$", str(e.value)), e.value
+
+
+def test_rows_are_bounded_by_the_encoders_position_table_only_where_it_has_one():
+  # An XLNet encoder (relative sinusoids) was refused rows longer than the
+  # max_position_embeddings its import records, a table it does not have.
+  from bertjax.finetune import checks
+  config = _finetune_config("coherence", batch_size=8)
+  config.seq_len = 1024
+  xlnet = {"model": "xlnet", "max_position_embeddings": 512}
+  checks.check_positions(config, xlnet)
+  deberta = {"model": "deberta", "max_position_embeddings": 512,
+             "position_biased_input": False, "emd_layers": 0}
+  checks.check_positions(config, deberta)
+  for fields in ({"model": "bert", "max_position_embeddings": 512},
+                 dict(deberta, position_biased_input=True)):
+    with pytest.raises(ValueError, match="seq_len 1024 exceeds the encoder's 512 positions"):
+      checks.check_positions(config, fields)

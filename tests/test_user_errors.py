@@ -91,6 +91,19 @@ def test_optimizer_and_loop_numbers_that_would_train_wrongly_are_refused(
      r"--config.pos_att_type=c2p, p2c or 'p2c\|c2p'\.$"),
     ("unilm", "unilm_mask_rates", (0.5, 0.5), "unilm_mask_rates="),
     ("xlnet", "partial_prediction_k", 0, "partial_prediction_k=0"),
+    # Each of these trained without a word: one SBO offset embedding for
+    # every slot of a span; rows of the offset table no 128-token row can
+    # read; a clamp or bucket count below transformers' -1 read as "off".
+    ("spanbert", "sbo_max_offset", 0, r"^config\.sbo_max_offset=0 is invalid: "
+     r"it must be between 1 and seq_len - 1 \(127\).*--config\.sbo_max_offset=31 "),
+    ("spanbert", "sbo_max_offset", 128, r"^config\.sbo_max_offset=128 is invalid"),
+    ("xlnet", "clamp_len", -2, r"^config\.clamp_len=-2 is invalid: it must be -1 "
+     r"\(or 0: no clamp\) or a positive distance; set --config\.clamp_len=-1"),
+    ("deberta", "position_buckets", -2, r"^config\.position_buckets=-2 is invalid: "
+     r"it must be 0 or -1 \(no buckets.*or at least 4; set --config\.position_buckets="),
+    ("deberta_v3", "position_buckets", -5, r"^config\.position_buckets=-5 is invalid"),
+    ("deberta", "max_relative_positions", -3,
+     r"^config\.max_relative_positions=-3 is invalid: .*--config\.max_relative_positions="),
 ])
 def test_a_variant_field_is_refused_before_the_workdir_is_touched(
     tmp_path, name, field, value, words):

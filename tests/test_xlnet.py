@@ -269,3 +269,23 @@ def test_same_losses_on_one_device_and_on_a_2x2x2_mesh(small, demo_data):
   assert one[0, 0] != one[1, 0]
   np.testing.assert_allclose(results["mesh"], one, rtol=1e-5)
 
+
+
+def test_rows_longer_than_max_position_embeddings_train(small, demo_data):
+  # XLNet reads no absolute position table (its positions are sinusoids of
+  # relative distances), yet seq_len above max_position_embeddings was
+  # refused as reading past "the position table".
+  from bertjax import config_validation
+  c = small.copy_and_resolve_references()
+  c.max_position_embeddings = 16  # half the 32-token rows
+  config_validation.validate(c)
+  state, metrics = variant_steps.one_train_step(c, demo_data.source("train"))
+  for name in ("loss", "mlm_loss"):
+    total, count = (float(x) for x in metrics[name])
+    assert np.isfinite(total) and count > 0, name
+  assert int(state.step) == 1
+  # A row still has a lower bound.
+  c.seq_len = 4
+  with pytest.raises(ValueError, match=r"^config\.seq_len=4 is invalid: it must "
+                     r"be at least 8 \(model 'xlnet' has no absolute position"):
+    config_validation.validate(c)

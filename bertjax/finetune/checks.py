@@ -110,6 +110,19 @@ def check_config(config) -> None:
   sharding.parse_mesh_shape(config.mesh_shape, jax.device_count())
 
 
+def check_positions(config, fields) -> None:
+  """Rows no longer than the encoder's absolute position table, where it has
+  one (XLNet and DeBERTa without absolute positions have none:
+  ``models.position_table_rows``); ``fields``: the encoder's saved fields."""
+  from bertjax import models
+  if "max_position_embeddings" not in fields:
+    return
+  rows = models.position_table_rows(fields)
+  if rows is not None and config.seq_len > rows:
+    raise ValueError(f"seq_len {config.seq_len} exceeds the encoder's "
+                     f"{rows} positions; lower --config.seq_len.")
+
+
 def check_directories(config, workdir: str) -> None:
   """A file where a directory flag points is refused before any work."""
   if not workdir:

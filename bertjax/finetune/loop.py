@@ -235,9 +235,7 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
   separators, single = encoder_init.encoder_layout(fields, tokenizer)
   encoder = features_lib.Encoder(tokenizer, config.seq_len, pair_separators=separators,
                                  single_segment=single)
-  if config.seq_len > int(fields.get("max_position_embeddings", config.seq_len)):
-    raise ValueError(f"seq_len {config.seq_len} exceeds the encoder's "
-                     f"{fields['max_position_embeddings']} positions; lower --config.seq_len.")
+  checks.check_positions(config, fields)
   train_feats = features_lib.build(encoder, task, task.train, config)
   eval_feats = features_lib.build(encoder, task, task.eval, config)
   to_predict = [(name, ex, features_lib.build(encoder, task, ex, config))

@@ -51,6 +51,27 @@ def get_model(config: ml_collections.ConfigDict) -> nn.Module:
   return _BUILDERS[config.model](config, _DTYPES[config.dtype])
 
 
+def position_table_rows(config: Any) -> int | None:
+  """The rows of the learned absolute position table the model reads at its
+  ``positions`` input, which bound ``seq_len``; None for a model without one,
+  whose rows may be longer than ``max_position_embeddings``: XLNet (sinusoids
+  of relative distances) and DeBERTa encoders without absolute positions
+  (``deberta.reads_absolute_positions``).
+
+  Args:
+    config: a ConfigDict or an encoder's saved fields (a mapping).
+  """
+  kind = config.get("model")
+  if kind == "xlnet":
+    return None
+  if kind == "deberta" or (kind == "electra"
+                           and config.get("encoder", "bert") == "deberta"):
+    # ELECTRA's DeBERTa towers have no enhanced mask decoder.
+    if not deberta.reads_absolute_positions(config, emd=kind == "deberta"):
+      return None
+  return int(config["max_position_embeddings"])
+
+
 def has_sentence_head(model: nn.Module) -> bool:
   """Whether ``model`` (from ``get_model``) returns ``nsp_logits``: a pooler
   and a two-way sentence head (NSP or SOP)."""

@@ -298,6 +298,16 @@ def position_terms(value: Any) -> tuple[str, ...]:
   return tuple(t for t in disentangled.POSITION_TERMS if t in items)
 
 
+def reads_absolute_positions(fields: Mapping[str, Any], emd: bool = True) -> bool:
+  """Whether the model reads its absolute position table (and so cannot take
+  rows longer than ``max_position_embeddings``): with ``position_biased_input``
+  or, where ``emd``, an enhanced mask decoder (``emd_layers`` > 0). Relative
+  distances past ``max_relative_positions`` share its bucket, so they bound
+  nothing."""
+  return (bool(fields.get("position_biased_input", False))
+          or (emd and int(fields.get("emd_layers", 2)) > 0))
+
+
 def check_fields(fields: Mapping[str, Any]) -> None:
   """Checks DeBERTa's own fields (config or mapping dict).
 
@@ -322,6 +332,17 @@ def check_fields(fields: Mapping[str, Any]) -> None:
                      "(0 turns the enhanced mask decoder off).")
   buckets = int(fields.get("position_buckets", -1))
   max_rel = int(fields.get("max_relative_positions", -1))
+  # -1 (transformers' default) and 0 both mean "off" / "the default".
+  if buckets < -1:
+    raise ValueError(
+        f"config.position_buckets={buckets} is invalid: it must be 0 or -1 (no "
+        "buckets: one table row per distance up to max_relative_positions) or "
+        "at least 4; set --config.position_buckets=0 or e.g. 256.")
+  if max_rel < -1:
+    raise ValueError(
+        f"config.max_relative_positions={max_rel} is invalid: it must be -1 or "
+        "0 (max_position_embeddings) or a positive distance; set "
+        "--config.max_relative_positions=-1 or e.g. 512.")
   if max_rel <= 0:
     max_rel = int(fields["max_position_embeddings"])
   if buckets > 0 and (buckets < 4 or max_rel - 1 <= buckets // 2):
@@ -345,7 +366,8 @@ def from_config(config: ml_collections.ConfigDict,
   size = sizes.resolve(config)
   check_fields(config)
   get = config.get
-  if get("seq_len", 0) > config["max_position_embeddings"]:
+  if (get("seq_len", 0) > config["max_position_embeddings"]
+      and reads_absolute_positions(config)):
     raise ValueError(
         f"seq_len {config['seq_len']} exceeds max_position_embeddings "
         f"{config['max_position_embeddings']}; lower --config.seq_len or raise "

@@ -341,13 +341,15 @@ def from_config(config: ml_collections.ConfigDict,
     raise ValueError(
         f"embedding_size={embedding_size} must be positive; set "
         f"--config.embedding_size (ELECTRA-small uses 128).")
-  if config.get("seq_len", 0) > config.max_position_embeddings:
+  fields = encoder_fields(config)
+  if (config.get("seq_len", 0) > config.max_position_embeddings
+      and fields["add_positions"]):
     raise ValueError(
         f"seq_len {config.seq_len} exceeds max_position_embeddings "
         f"{config.max_position_embeddings}; lower --config.seq_len or raise "
         f"--config.max_position_embeddings.")
   return ElectraForPretraining(
-      **encoder_fields(config),
+      **fields,
       vocab_size=config.vocab_size,
       max_position_embeddings=config.max_position_embeddings,
       type_vocab_size=config.type_vocab_size,

@@ -473,6 +473,13 @@ def from_config(config: ml_collections.ConfigDict,
   if mem_len < 0:
     raise ValueError(f"mem_len={mem_len} must not be negative; set "
                      "--config.mem_len to 0 (no memory) or a positive length.")
+  clamp_len = int(get("clamp_len", -1))
+  if clamp_len < -1:
+    # -1 and 0 both leave distances unclamped, as transformers' XLNet.
+    raise ValueError(
+        f"config.clamp_len={clamp_len} is invalid: it must be -1 (or 0: no "
+        "clamp) or a positive distance; set --config.clamp_len=-1 or e.g. "
+        "--config.clamp_len=512.")
   if bool(get("scan_layers", False)):
     raise ValueError("scan_layers is not supported by the XLNet model yet; "
                      "set --config.scan_layers=False.")
@@ -482,7 +489,7 @@ def from_config(config: ml_collections.ConfigDict,
       hidden_size=size.hidden_size,
       num_heads=size.num_heads,
       mlp_dim=size.mlp_dim,
-      clamp_len=int(get("clamp_len", -1)),
+      clamp_len=clamp_len,
       mem_len=mem_len,
       dropout_rate=float(config["dropout_rate"]),
       attention_dropout_rate=float(config["attention_dropout_rate"]),

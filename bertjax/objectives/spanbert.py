@@ -85,9 +85,16 @@ class SpanBertObjective:
     self.length_probs = spans.geometric_length_probs(
         float(config.span_geometric_p), int(config.max_span_length))
     self.max_offset = int(config.sbo_max_offset)
-    if self.max_offset < 0:
-      raise ValueError(f"sbo_max_offset={self.max_offset} must not be "
-                       "negative; fix --config.sbo_max_offset.")
+    # Offset 0 only would give every slot of a span the same SBO input, and
+    # a row of seq_len tokens holds offsets up to seq_len - 1: larger values
+    # add embedding rows no example reads.
+    longest = int(config.seq_len) - 1
+    if not 1 <= self.max_offset <= longest:
+      raise ValueError(
+          f"config.sbo_max_offset={self.max_offset} is invalid: it must be "
+          f"between 1 and seq_len - 1 ({longest}), the largest offset in a "
+          f"span of a {config.seq_len}-token row; set --config.sbo_max_offset="
+          f"{min(31, longest)} (SpanBERT's 31, or less for shorter rows).")
 
   def corrupt(
       self, rng: jax.Array, batch: Mapping[str, jax.Array], step: jax.Array
