@@ -82,8 +82,9 @@ def validate(config, *, variant: bool = True, devices: int | None = None,
   if config.dupe_factor < 1:
     _fail("dupe_factor", config.dupe_factor, "it must be at least 1")
   layers.numerics(config)  # layer_norm_eps and hidden_act
-  if not config.get("initializer_range", 0.02) > 0:
-    _fail("initializer_range", config.initializer_range, "it must be positive")
+  if not 0 < config.get("initializer_range", 0.02) < math.inf:
+    _fail("initializer_range", config.initializer_range,
+          "it must be a positive number")
   if config.get("optimizer", "adamw") not in optim.OPTIMIZERS:
     _fail("optimizer", config.optimizer,
           f"it must be one of {', '.join(optim.OPTIMIZERS)}")
@@ -108,9 +109,12 @@ def validate(config, *, variant: bool = True, devices: int | None = None,
   if shortfall:
     logging.warning("%s", shortfall)
   for field in ("batch_size", "log_every_steps", "checkpoint_every_steps",
-                "keep_checkpoints", "vocab_size"):
+                "keep_checkpoints", "vocab_size", "max_position_embeddings"):
     if int(config[field]) < 1:
       _fail(field, config[field], "it must be a positive integer")
+  if int(config.get("type_vocab_size", 2)) < 0:
+    _fail("type_vocab_size", config.type_vocab_size,
+          "it must be 0 (no segment table), 1 (one segment) or more")
   if config.num_train_steps < 0:
     _fail("num_train_steps", config.num_train_steps, "it must not be negative")
   if config.warmup_steps < 0:
@@ -121,7 +125,7 @@ def validate(config, *, variant: bool = True, devices: int | None = None,
   if not 0 < config.learning_rate < math.inf:  # also refuses NaN
     _fail("learning_rate", config.learning_rate, "it must be a positive number")
   check_optimizer_numbers(config)
-  for field in ("eval_every_steps", "eval_max_batches", "seed"):
+  for field in ("eval_every_steps", "eval_max_batches", "seed", "eval_seed"):
     if field in config and not int(config[field]) >= 0:
       _fail(field, config[field], "it must not be negative")
   if "shuffle_window" in config and int(config.shuffle_window) < 1:

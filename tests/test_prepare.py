@@ -470,6 +470,10 @@ def test_a_file_named_twice_is_read_once(tmp_path, monkeypatch):
 @pytest.mark.parametrize("field, value, match", [
     ("tokenizer_sample_sentences", 0, r"^config\.tokenizer_sample_sentences=0 must be positive"),
     ("tokenizer_train_threads", 0, r"^config\.tokenizer_train_threads=0 must be between 1 and 1024"),
+    # NaN passed "<= 0" and died as int(nan)'s "cannot convert float NaN to
+    # integer", naming no field; inf as an OverflowError.
+    ("prepare_block_mb", float("nan"), r"^config\.prepare_block_mb=nan must be positive"),
+    ("prepare_block_mb", float("inf"), r"^config\.prepare_block_mb=inf must be positive"),
 ])
 def test_tokenizer_settings_are_checked_before_any_text_is_read(demo_config, tmp_path,
                                                                 field, value, match):

@@ -62,13 +62,17 @@ def test_a_batch_the_devices_cannot_split_is_refused_before_any_data(demo_config
     ("adam_eps", 0.0), ("weight_decay", -1.0), ("grad_clip_norm", -1.0),
     ("grad_clip_norm", 0.0), ("dropout_rate", 1.5),
     ("attention_dropout_rate", -0.1), ("eval_max_batches", -1),
-    ("eval_every_steps", -5), ("seed", -1)])
+    ("eval_every_steps", -5), ("seed", -1), ("initializer_range", float("inf")),
+    ("type_vocab_size", -1), ("eval_seed", -1)])
 def test_optimizer_and_loop_numbers_that_would_train_wrongly_are_refused(
     demo_config, field, value):
   # Each of these used to train: NaN from step 1 or 2 (lr NaN, eps 0, dropout
   # 1.5), gradient ascent (clip -1), a frozen model (clip 0), an evaluation
   # that silently left out a batch (eval_max_batches -1), or a bare numpy
-  # message naming no field (seed -1).
+  # message naming no field (seed -1; eval_seed -1 at the first evaluation,
+  # after training). initializer_range inf stopped at step 1 blaming the
+  # learning rate; type_vocab_size -1 died in init with a TypeError about
+  # shape (-1, 128).
   config = demo_config.copy_and_resolve_references()
   config[field] = value
   with pytest.raises(ValueError, match=rf"^config\.{field}=.* is invalid: .*"
@@ -91,6 +95,9 @@ def test_optimizer_and_loop_numbers_that_would_train_wrongly_are_refused(
      r"--config.pos_att_type=c2p, p2c or 'p2c\|c2p'\.$"),
     ("unilm", "unilm_mask_rates", (0.5, 0.5), "unilm_mask_rates="),
     ("xlnet", "partial_prediction_k", 0, "partial_prediction_k=0"),
+    # Less than one prediction a row: 27 in the demo's held-out 28,629 tokens.
+    ("xlnet", "partial_prediction_k", 1000, r"^partial_prediction_k=1000 must lie "
+     r"between 1 and seq_len \(128\); fix --config\.partial_prediction_k"),
     # Each of these trained without a word: one SBO offset embedding for
     # every slot of a span; rows of the offset table no 128-token row can
     # read; a clamp or bucket count below transformers' -1 read as "off".
@@ -102,6 +109,21 @@ def test_optimizer_and_loop_numbers_that_would_train_wrongly_are_refused(
     ("deberta", "position_buckets", -2, r"^config\.position_buckets=-2 is invalid: "
      r"it must be 0 or -1 \(no buckets.*or at least 4; set --config\.position_buckets="),
     ("deberta_v3", "position_buckets", -5, r"^config\.position_buckets=-5 is invalid"),
+    # NaN compared False with every bound: the rates let every chosen token
+    # through unchanged, the n-gram lengths were never drawn as asked.
+    ("bert", "mask_token_rate", float("nan"), r"^mask_token_rate=nan and "
+     r"random_token_rate=0\.1 must be non-negative and sum to at most 1"),
+    ("roberta", "random_token_rate", float("nan"), r"random_token_rate=nan must"),
+    ("albert", "ngram_probs", (float("nan"), 0.5, 0.5), r"^ngram_probs=\(nan, "),
+    # N-grams longer than a row's slots never fit, so the rows were masked
+    # below mask_rate (ALBERT's demo: about half the held-out predictions).
+    ("albert", "max_ngram", 11, r"^max_ngram=11 is longer than the "
+     r"max_predictions_per_seq=10 tokens .*--config\.max_ngram to at most 10 "),
+    ("xlnet", "max_span", 23, r"^max_span=23 is longer than the "
+     r"max_predictions_per_seq=22 tokens .*--config\.max_span to at most 22 "),
+    # XLNet's seq_len no longer checks it against a table; encode still reads it.
+    ("xlnet", "max_position_embeddings", 0,
+     r"^config\.max_position_embeddings=0 is invalid: it must be a positive"),
     ("deberta", "max_relative_positions", -3,
      r"^config\.max_relative_positions=-3 is invalid: .*--config\.max_relative_positions="),
 ])

@@ -38,6 +38,7 @@ bertjax/data/tokenized.py).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
 from typing import Sequence
@@ -70,7 +71,7 @@ def engine_of(config, beam_runner: str = "",
               beam_options: Sequence[str] = ()) -> text_sources.Engine:
   """How prepare runs its units, from config.prepare_* and the Beam flags."""
   block_mb = config.get("prepare_block_mb", 8)
-  if block_mb <= 0:
+  if not 0 < block_mb < math.inf:  # NaN fails too (was int(nan)'s ValueError)
     raise ValueError(
         f"config.prepare_block_mb={block_mb} must be positive; set it to the "
         f"MB of text per unit of work, e.g. 8.")

@@ -68,12 +68,23 @@ class MlmSettings:
         ngram_probs=tuple(float(p) for p in config.get("ngram_probs", ())))
     masking.ngram_length_probs(settings.max_ngram)  # checks max_ngram >= 1
     probs = settings.ngram_probs
-    if probs and (len(probs) != settings.max_ngram or min(probs) < 0
-                  or abs(sum(probs) - 1.0) > 1e-6):
+    # Written as "not (in range)" so that NaN, which compares False, fails.
+    if probs and (len(probs) != settings.max_ngram
+                  or not (min(probs) >= 0 and abs(sum(probs) - 1.0) <= 1e-6)):
       raise ValueError(
           f"ngram_probs={probs} must hold max_ngram={settings.max_ngram} "
           f"non-negative probabilities summing to 1 (P(n) for n = 1, 2, ...); "
           f"fix --config.ngram_probs or --config.max_ngram.")
+    if settings.max_ngram > settings.max_predictions:
+      # Such n-grams never fit a row's budget, so drawing them masks fewer
+      # tokens than mask_rate asks: ALBERT's demo at max_ngram=200 had 2,016
+      # held-out predictions instead of 4,206.
+      raise ValueError(
+          f"max_ngram={settings.max_ngram} is longer than the "
+          f"max_predictions_per_seq={settings.max_predictions} tokens a row "
+          f"masks at most, so the longer n-grams can never be chosen; set "
+          f"--config.max_ngram to at most {settings.max_predictions} "
+          f"(ALBERT's is 3).")
     if settings.vocab_size <= batch_lib.NUM_SPECIAL_TOKENS:
       raise ValueError(
           f"vocab_size={settings.vocab_size} leaves no ordinary tokens after "
@@ -89,7 +100,7 @@ class MlmSettings:
           f"[1, seq_len={config.seq_len}]; fix "
           f"--config.max_predictions_per_seq.")
     rates = (settings.mask_token_rate, settings.random_token_rate)
-    if min(rates) < 0.0 or sum(rates) > 1.0:
+    if not (min(rates) >= 0.0 and sum(rates) <= 1.0):  # NaN fails too
       raise ValueError(
           f"mask_token_rate={rates[0]} and random_token_rate={rates[1]} must "
           f"be non-negative and sum to at most 1; fix --config.mask_token_rate "

@@ -144,10 +144,21 @@ class XLNetObjective:
     if self.max_span < 0:
       raise ValueError(f"max_span={self.max_span} must not be negative; fix "
                        "--config.max_span (0 = no spans).")
-    if not self.k >= 1:
+    if self.max_span > self.num_slots:
+      # As mlm's max_ngram: longer spans never fit (max_span=1000 on the demo:
+      # 1,562 held-out predictions instead of 4,681 at max_span=3).
       raise ValueError(
-          f"partial_prediction_k={self.k} must be at least 1; fix "
-          "--config.partial_prediction_k (XLNet predicts 1/K of each row, K=6).")
+          f"max_span={self.max_span} is longer than the max_predictions_per_seq="
+          f"{self.num_slots} tokens a row predicts at most, so the longer spans "
+          f"can never be chosen; set --config.max_span to at most "
+          f"{self.num_slots} (0 = no spans).")
+    if not 1 <= self.k <= int(config.seq_len):
+      # Above seq_len fewer than one token a row is predicted (K=1000 on
+      # 128-token rows: 27 predictions in the demo's 28,629 held-out tokens).
+      raise ValueError(
+          f"partial_prediction_k={self.k:g} must lie between 1 and seq_len "
+          f"({config.seq_len}); fix --config.partial_prediction_k (XLNet "
+          "predicts 1/K of each row, K=6).")
     need = min_slots(int(config.seq_len), self.k)
     if self.num_slots < need:
       raise ValueError(
