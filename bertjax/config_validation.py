@@ -8,6 +8,7 @@ module covers the fields the loop itself relies on.
 from __future__ import annotations
 
 import math
+import os
 
 from absl import logging
 
@@ -131,6 +132,8 @@ def validate(config, *, variant: bool = True, devices: int | None = None,
   if "shuffle_window" in config and int(config.shuffle_window) < 1:
     _fail("shuffle_window", config.shuffle_window,
           "it must be a positive integer (1 reads the examples in order)")
+  if devices is None and hosts is None:  # this host trains (not a launcher's)
+    _check_shuffle_memory(config)
   if ("short_seq_prob" in config
       and not 0.0 <= float(config.short_seq_prob) <= 1.0):
     _fail("short_seq_prob", config.short_seq_prob,
@@ -171,6 +174,30 @@ def _check_seq_len(config) -> None:
     _fail("seq_len", config.seq_len,
           f"it must be between 8 and max_position_embeddings "
           f"({rows}), the size of the position table")
+
+
+def _check_shuffle_memory(config) -> None:
+  """The training pipeline fills its shuffle window, ``shuffle_window`` packed
+  rows held in host memory, before it emits the first (data/pipeline.py): a
+  window that cannot fit filled for ever (10**9 rows of 128 tokens: 4.5 GB
+  and growing, no step after minutes). It may take half of this host's memory."""
+  if "shuffle_window" not in config or config.get("layout") == "stream":
+    return  # the stream layout has no window
+  try:
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  except (AttributeError, OSError, ValueError):
+    return  # not a POSIX host: nothing to measure against
+  from bertjax import batch as batch_lib
+  seq_len = int(config.seq_len)
+  # The row's arrays plus about 1 KiB of Python objects around them.
+  row = sum(a.nbytes for a in batch_lib.empty_batch(1, seq_len).values()) + 1024
+  most = memory // 2 // row
+  if int(config.shuffle_window) > most:
+    _fail("shuffle_window", config.shuffle_window,
+          f"the training pipeline holds that many packed rows (~{row} bytes "
+          f"each at seq_len {seq_len}) in host memory before its first batch, "
+          f"more than half of this host's {memory / 2**30:.0f} GiB; it must be "
+          f"at most {most} (1024 already shuffles well)")
 
 
 def check_variant(config) -> None:

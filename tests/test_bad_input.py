@@ -244,3 +244,21 @@ def test_shuffle_window_and_short_seq_prob_are_checked_up_front(demo_config, fie
     config_validation.validate(config)
   config[field] = type(value)(1)
   config_validation.validate(config)
+
+
+def test_a_shuffle_window_this_host_cannot_hold_is_refused_up_front(demo_config):
+  # 10**9 rows filled the window for ever: 4.5 GB and growing, no step after
+  # minutes. The limit is half this host's memory, so the fix it names fits.
+  import re
+  from bertjax import config_validation
+  config = demo_config.copy_and_resolve_references()
+  config.shuffle_window = 10**12
+  with pytest.raises(ValueError, match=r"^config\.shuffle_window=1000000000000 is "
+                     r"invalid: the training pipeline holds that many packed rows "
+                     r".* it must be at most \d+ ") as error:
+    config_validation.validate(config)
+  config.shuffle_window = int(re.search(r"at most (\d+)", str(error.value)).group(1))
+  config_validation.validate(config)
+  # A launcher checking another machine's slice does not measure this one.
+  config.shuffle_window = 10**12
+  config_validation.validate(config, devices=8, hosts=1)
