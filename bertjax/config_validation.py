@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 
+import numpy as np
 from absl import logging
 
 from bertjax import optim
@@ -189,9 +190,15 @@ def _check_shuffle_memory(config) -> None:
     return  # not a POSIX host: nothing to measure against
   from bertjax import batch as batch_lib
   seq_len = int(config.seq_len)
-  # The row's arrays plus about 1 KiB of Python objects around them.
-  row = sum(a.nbytes for a in batch_lib.empty_batch(1, seq_len).values()) + 1024
+  # The row's arrays (counted, not allocated) plus about 1 KiB of Python
+  # objects around them.
+  row = 1024 + sum(
+      math.prod(batch_lib.field_shape(name, 1, seq_len)) * np.dtype(dtype).itemsize
+      for name, (dtype, _) in batch_lib.FIELDS.items())
   most = memory // 2 // row
+  if most < 1:
+    _fail("seq_len", seq_len, f"one packed row of it (~{row} bytes) is more than "
+          f"half of this host's {memory / 2**30:.0f} GiB")
   if int(config.shuffle_window) > most:
     _fail("shuffle_window", config.shuffle_window,
           f"the training pipeline holds that many packed rows (~{row} bytes "

@@ -262,3 +262,11 @@ def test_a_shuffle_window_this_host_cannot_hold_is_refused_up_front(demo_config)
   # A launcher checking another machine's slice does not measure this one.
   config.shuffle_window = 10**12
   config_validation.validate(config, devices=8, hosts=1)
+  # XLNet's seq_len has no position table to bound it: a row too large for
+  # this host is refused as such (counted, never allocated).
+  from bertjax import config_files
+  xlnet = config_files.load("xlnet:tiny")
+  xlnet.seq_len = xlnet.max_predictions_per_seq = 10**13
+  with pytest.raises(ValueError, match=r"^config\.seq_len=10000000000000 is invalid: "
+                     r"one packed row of it \(~\d+ bytes\) is more than half"):
+    config_validation.validate(xlnet)

@@ -121,6 +121,11 @@ def test_optimizer_and_loop_numbers_that_would_train_wrongly_are_refused(
      r"max_predictions_per_seq=10 tokens .*--config\.max_ngram to at most 10 "),
     ("xlnet", "max_span", 23, r"^max_span=23 is longer than the "
      r"max_predictions_per_seq=22 tokens .*--config\.max_span to at most 22 "),
+    ("unilm", "unilm_mask_rates", (float("nan"), 0.5, 0.25, 0.25),
+     r"^unilm_mask_rates=\(nan, "),
+    ("ernie", "ernie_level_rates", "nan,0.5,0.5", r"^ernie_level_rates='nan,0\.5,0\.5' must"),
+    # inf scaled every LayerNorm output to 0: a model that could learn nothing.
+    ("bert", "layer_norm_eps", float("inf"), r"^layer_norm_eps=inf must be a positive number"),
     # XLNet's seq_len no longer checks it against a table; encode still reads it.
     ("xlnet", "max_position_embeddings", 0,
      r"^config\.max_position_embeddings=0 is invalid: it must be a positive"),

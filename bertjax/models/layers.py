@@ -163,8 +163,8 @@ def numerics(config: Any) -> dict[str, Any]:
     ValueError: for an unknown activation or a non-positive epsilon.
   """
   eps = float(config.get("layer_norm_eps", LAYER_NORM_EPS))
-  if not eps > 0:
-    raise ValueError(f"layer_norm_eps={eps} must be positive; fix "
+  if not 0 < eps < float("inf"):  # inf would scale every activation to 0
+    raise ValueError(f"layer_norm_eps={eps} must be a positive number; fix "
                      f"--config.layer_norm_eps.")
   name = str(config.get("hidden_act", "gelu"))
   activation(name)

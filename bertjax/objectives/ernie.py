@@ -55,8 +55,9 @@ def parse_level_rates(text: str) -> np.ndarray:
     rates = np.array([float(x) for x in str(text).split(",")], np.float64)
   except ValueError:
     rates = np.zeros(0)
-  if (rates.shape != (3,) or (rates < 0).any()
-      or abs(rates.sum() - 1.0) > 1e-6):
+  # "not (in range)": NaN compares False and must fail.
+  if rates.shape != (3,) or not ((rates >= 0).all()
+                                 and abs(rates.sum() - 1.0) <= 1e-6):
     raise ValueError(
         f"ernie_level_rates={text!r} must be three non-negative rates of the "
         f"word, phrase and entity levels summing to 1; set e.g. "

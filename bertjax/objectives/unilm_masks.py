@@ -32,7 +32,9 @@ def check_rates(rates) -> tuple[float, ...]:
   """The four mask-type probabilities, checked; raises ValueError naming the
   field."""
   rates = tuple(float(r) for r in rates)
-  if len(rates) != len(MASK_TYPES) or min(rates) < 0 or abs(sum(rates) - 1) > 1e-6:
+  # "not (in range)": NaN compares False and must fail.
+  if len(rates) != len(MASK_TYPES) or not (min(rates) >= 0
+                                           and abs(sum(rates) - 1) <= 1e-6):
     raise ValueError(
         f"unilm_mask_rates={rates} must be {len(MASK_TYPES)} non-negative "
         f"probabilities summing to 1, for {', '.join(MASK_TYPES)}; fix "
