@@ -37,20 +37,15 @@ class _Stop(Exception):
   """Stands for the SIGTERM that stops prepare between two units."""
 
 
-@pytest.mark.parametrize("keep_mtime", [False, True])
-def test_a_same_size_edit_after_an_interrupted_prepare_is_read_from_the_start(
-    demo_config, tmp_path, monkeypatch, caplog, keep_mtime):
-  """The units staged before the stop were read from the old text: the rerun
-  reuses none of them and names the file, so that the dataset is the one a
-  clean prepare of the edited files makes (also when the edit put the file's
-  mtime back, as rsync -t or cp -p do)."""
+def _prepare_stopped_after_three_units(demo_config, tmp_path, monkeypatch):
+  """Topic files under tmp_path/src, and a text prepare of them into
+  tmp_path/data stopped after its first three units; returns (src, config,
+  data_dir) with units.run_text restored."""
   src = tmp_path / "src"
   src.mkdir()
   corpus_files.write_topic_files(src)
   config = _config(demo_config, f"{src}/*.txt")
   data_dir = str(tmp_path / "data")
-  dataset_dir = text_sources.local_text_dir(data_dir, config.dataset)
-
   run_text, done = units.run_text, []
 
   def stopped_after_three(task):
@@ -64,6 +59,19 @@ def test_a_same_size_edit_after_an_interrupted_prepare_is_read_from_the_start(
     text_sources.text_sources(config, data_dir, _ENGINE)
   monkeypatch.setattr(units, "run_text", run_text)
   assert done == [0, 1, 2]
+  return src, config, data_dir
+
+
+@pytest.mark.parametrize("keep_mtime", [False, True])
+def test_a_same_size_edit_after_an_interrupted_prepare_is_read_from_the_start(
+    demo_config, tmp_path, monkeypatch, caplog, keep_mtime):
+  """The units staged before the stop were read from the old text: the rerun
+  reuses none of them and names the file, so that the dataset is the one a
+  clean prepare of the edited files makes (also when the edit put the file's
+  mtime back, as rsync -t or cp -p do)."""
+  src, config, data_dir = _prepare_stopped_after_three_units(
+      demo_config, tmp_path, monkeypatch)
+  dataset_dir = text_sources.local_text_dir(data_dir, config.dataset)
 
   # The first file is in unit 0, staged before the stop.
   first = sorted(src.glob("*.txt"))[0]
@@ -87,23 +95,9 @@ def test_a_same_size_edit_after_an_interrupted_prepare_is_read_from_the_start(
 def test_an_unchanged_rerun_reuses_the_units_staged_before_the_stop(
     demo_config, tmp_path, monkeypatch, caplog):
   """The stamps cost no work when nothing changed: the staged units are kept."""
-  src = tmp_path / "src"
-  src.mkdir()
-  corpus_files.write_topic_files(src)
-  config = _config(demo_config, f"{src}/*.txt")
-  data_dir = str(tmp_path / "data")
+  _, config, data_dir = _prepare_stopped_after_three_units(
+      demo_config, tmp_path, monkeypatch)
   run_text, ran = units.run_text, []
-
-  def counted(task):
-    if len(ran) == 3:
-      raise _Stop
-    ran.append(task.index)
-    return run_text(task)
-
-  monkeypatch.setattr(units, "run_text", counted)
-  with pytest.raises(_Stop):
-    text_sources.text_sources(config, data_dir, _ENGINE)
-  ran.clear()
   monkeypatch.setattr(units, "run_text", lambda task: ran.append(task.index) or run_text(task))
   with caplog.at_level(logging.WARNING):
     text_sources.text_sources(config, data_dir, _ENGINE)
