@@ -40,7 +40,8 @@ def quiet_read_only():
 
 
 class _Hold(std_logging.Filter):
-  """Holds back log records; ``replay`` emits them, or they are dropped."""
+  """Holds back log records in ``records``: ``held_logs`` emits them when
+  the restore succeeds, else they are dropped."""
 
   def __init__(self):
     super().__init__()
