@@ -87,14 +87,23 @@ def _check_texts(texts) -> None:
           "pass each text as a string, or a pair as a tuple of two strings.")
 
 
-def _max_length(max_length: int | None, positions: int) -> int:
-  """The truncation length: ``max_length``, or the position table's size,
-  which a longer row would read past."""
+def _max_length(max_length: int | None, config: dict[str, Any]) -> int:
+  """The truncation length: ``max_length``, or ``max_position_embeddings``
+  (the length the model was trained at). Only a model that reads a learned
+  absolute position table (``models.position_table_rows``) is bounded by
+  it; XLNet and DeBERTa without absolute positions take longer rows."""
+  from bertjax import models
+  trained = int(config["max_position_embeddings"])
   if max_length is None:
-    return positions
-  if not 1 <= int(max_length) <= positions:
+    return trained
+  rows = models.position_table_rows(config)
+  if rows is None:
+    if int(max_length) < 1:
+      raise ValueError(f"max_length={max_length} is below 1; pass a positive "
+                       "max_length, or none for the trained length.")
+  elif not 1 <= int(max_length) <= rows:
     raise ValueError(
-        f"max_length={max_length} is outside 1 ... {positions}, the model's position "
+        f"max_length={max_length} is outside 1 ... {rows}, the model's position "
         f"table (max_position_embeddings); pass a max_length in that range, or none "
         "for the whole table.")
   return int(max_length)
@@ -193,7 +202,9 @@ class Model:
         has them (a RoBERTa's own byte-level BPE: ``convert.pair_format``).
       max_length: truncation length (default max_position_embeddings): a
         longer row keeps [CLS] and its separators, and loses tokens from
-        the end of its longest segment, one at a time.
+        the end of its longest segment, one at a time. At most
+        max_position_embeddings where the model reads a position table;
+        XLNet and DeBERTa without absolute positions take any length.
 
     Returns:
       int32 [batch, length] tokens, segment_ids, positions, doc_ids (1 on
@@ -202,7 +213,7 @@ class Model:
     if not isinstance(texts, (str, bytes)):
       texts = list(texts)  # a generator or other iterable of texts
     _check_texts(texts)
-    limit = _max_length(max_length, int(self.config["max_position_embeddings"]))
+    limit = _max_length(max_length, self.config)
     # No segment table (type_vocab_size 0, DeBERTa-v3) reads segment 0 too.
     last_segment = 0 if self._single_segment else max(
         0, int(self.config.get("type_vocab_size", 2)) - 1)

@@ -56,8 +56,10 @@ def mask_inputs(model, text: str) -> tuple[dict[str, np.ndarray], np.ndarray]:
         f"The text {text!r} holds the tokenizer's own mask token "
         f"{getattr(tokenizer, 'mask_token', MASK_TEXT)!r} besides {MASK_TEXT}; "
         f"write every mask as {MASK_TEXT}.")
-  limit = int(model.config["max_position_embeddings"])
-  if len(ids) > limit:
+  # Only a learned position table bounds the row (XLNet has none).
+  from bertjax import models
+  limit = models.position_table_rows(model.config)
+  if limit is not None and len(ids) > limit:
     raise ValueError(f"The text is {len(ids)} tokens, longer than the model's {limit}; "
                      "shorten it.")
   tokens = np.asarray([ids], np.int32)

@@ -112,6 +112,30 @@ def test_hidden_states_and_logits_match_pytorch(hf_model):
   assert _close(logits[real], ref_logits[real])
 
 
+def test_fill_mask_past_max_position_embeddings_only_without_a_position_table(hf_model):
+  """Relative positions bound no length: without position_biased_input a
+  text longer than max_position_embeddings is filled, with scores equal to
+  transformers' at that length; with the absolute table it is refused."""
+  from bertjax import api, fill_mask
+  kind, path, hf = hf_model
+  model = api.load(path)
+  limit = int(model.config["max_position_embeddings"])
+  text = " ".join(["the cat sat on the mat"] * 12) + " [MASK] dog"
+  if hf.config.position_biased_input:
+    with pytest.raises(ValueError, match=f"longer than the model's {limit}"):
+      model.fill_mask(text)
+    return
+  inputs, where = fill_mask.mask_inputs(model, text)
+  assert inputs["tokens"].shape[1] > limit
+  ids = model.tokenizer.to_hf_ids(inputs["tokens"])
+  _, ref_logits = _hf_outputs(hf, ids, np.ones_like(ids), np.zeros_like(ids))
+  ref = ref_logits[0, where[0]]
+  ref_probs = np.exp(ref - ref.max()) / np.exp(ref - ref.max()).sum()
+  for guess in model.fill_mask(text, top_k=3)[0]:
+    hf_id = int(model.tokenizer.to_hf_ids(np.asarray([guess["token_id"]]))[0])
+    assert abs(guess["score"] - ref_probs[hf_id]) <= 1e-5
+
+
 def test_import_and_export_are_bit_identical(hf_model, tmp_path):
   import ml_collections
   from bertjax import config_files

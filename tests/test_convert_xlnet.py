@@ -90,6 +90,30 @@ def test_content_stream_matches_pytorch(hf_model):
   assert _close(logits[real], ref_logits[real])
 
 
+def test_rows_past_max_position_embeddings_match_pytorch(hf_model):
+  """XLNet reads no position table, so the API takes rows longer than the
+  trained length (max_position_embeddings 512 on import), as transformers
+  does: tokenize's max_length and run past it."""
+  from bertjax import api
+  kind, path, hf = hf_model
+  model = api.load(path)
+  limit = int(model.config["max_position_embeddings"])
+  tok, vocab = model.tokenizer, hf.config.vocab_size
+  ids, mask, types, ours = _inputs(tok, vocab, [limit + 24, 7], seed=3)
+  with torch.no_grad():
+    ref = hf(torch.tensor(ids), attention_mask=torch.tensor(mask),
+             token_type_ids=torch.tensor(types), output_hidden_states=True)
+  got = model.run(ours)
+  real = mask.astype(bool)
+  assert got["hidden"].shape[1] == limit + 24
+  assert _close(got["hidden"][real], ref.hidden_states[-1].numpy()[real])
+  long_text = " ".join(["the cat sat on the mat"] * (limit // 3))
+  rows = model.tokenize([long_text], max_length=limit + 10)
+  assert rows["tokens"].shape == (1, limit + 10)
+  with pytest.raises(ValueError, match="max_length=0 is below 1"):
+    model.tokenize(["a"], max_length=0)
+
+
 def test_query_stream_matches_pytorch_under_a_permutation(hf_model):
   import jax.numpy as jnp
   from bertjax.convert import xlnet as mapping
