@@ -58,6 +58,9 @@ _LAYOUT_FIELDS = (
     # XLNet's relative distance clamp and segment memory, whose length is
     # the shape of the memory in the saved state (configs/xlnet.py)
     "clamp_len", "mem_len",
+    # SpanBERT's span-boundary head has an offset embedding of
+    # sbo_max_offset + 1 rows (bertjax/models/spanbert.py).
+    "sbo_max_offset",
     # What an import from Hugging Face records (bertjax/convert/workdir.py).
     "hf_special_ids", "hf_model_type", "hf_position_offset",
     # Fine-tuning (configs/finetune.py): the task and its head.
@@ -71,7 +74,7 @@ _STREAM_FIELDS = (
     # masking and the sentence/span objectives' corruption
     "masking", "mask_rate", "max_predictions_per_seq", "mask_token_rate",
     "random_token_rate", "dupe_factor", "whole_word_masking", "nsp_negative_rate",
-    "sop_swap_rate", "max_ngram", "ngram_probs", "max_span_length", "sbo_max_offset",
+    "sop_swap_rate", "max_ngram", "ngram_probs", "max_span_length",
     "span_geometric_p", "knowledge_spans", "attend_across_documents",
     "ernie_level_rates", "ernie_max_phrase_words", "ernie_phrase_min_count",
     "ernie_phrase_min_pmi", "ernie_entity_min_count", "ernie_gazetteer",

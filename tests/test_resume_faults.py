@@ -362,6 +362,76 @@ def test_every_config_field_is_in_the_compatibility_table():
     assert compat.kind_of(field) is not None, field
 
 
+def _state_shapes(config):
+  """Shape and dtype of every leaf of the train state ``config`` builds
+  (parameters, optimizer state, carry), from eval_shape: nothing allocated."""
+  from flax import linen as nn
+  from bertjax import models
+  from bertjax import optim
+  model = models.get_model(config)
+  params = nn.meta.unbox(jax.eval_shape(
+      lambda r: state_lib._init_params(model, config, r), jax.random.key(0)))
+  tree = {"params": params,
+          "opt_state": jax.eval_shape(optim.make_optimizer(config).init, params),
+          "carry": state_lib.carry_shapes(model, config)}
+  return {jax.tree_util.keystr(path): (leaf.shape, leaf.dtype)
+          for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def test_no_field_a_resume_may_change_changes_the_state_shapes(monkeypatch):
+  # sbo_max_offset was a stream field, but the SBO head's offset table has
+  # sbo_max_offset + 1 rows: with --config.allow_changes=sbo_max_offset the
+  # run prepared its data and then failed at restore on the table's shape.
+  # Each integer or boolean field that building the state reads and that a
+  # resume may change (stream or safe), changed by one, must build the same
+  # state's shapes.
+  import ml_collections
+  read = set()
+  getitem = ml_collections.ConfigDict.__getitem__
+
+  def recording(self, key):
+    read.add(key)
+    return getitem(self, key)
+
+  moved, tried, seen = [], set(), set()
+  for name, config in _shipped_configs():
+    if name == "finetune":  # its head is built by bertjax.finetune, not models
+      continue
+    config.seq_len, config.max_predictions_per_seq, config.batch_size = 32, 5, 4
+    read.clear()
+    with monkeypatch.context() as patch:
+      patch.setattr(ml_collections.ConfigDict, "__getitem__", recording)
+      before = _state_shapes(config)
+    seen |= read
+    for field in sorted(read):
+      value = config.get(field)
+      if (compat.kind_of(field) == compat.LAYOUT
+          or not isinstance(value, (int, bool)) or field in ("model_size",)):
+        continue
+      changed = config.copy_and_resolve_references()
+      changed[field] = (not value) if isinstance(value, bool) else value + 1
+      tried.add(field)
+      try:
+        after = _state_shapes(changed)
+      except ValueError:  # a value the model refuses: not a resume anyway
+        continue
+      if after != before:
+        moved.append((name, field))
+  assert {"sbo_max_offset", "mem_len"} <= seen and {"seq_len", "batch_size"} <= tried
+  assert not moved, f"these change the state's shapes but are not layout fields: {moved}"
+
+
+def test_sbo_max_offset_change_is_refused_even_when_allowed():
+  from bertjax import config_files
+  saved = compat.as_json(config_files.shipped("spanbert").get_config("tiny"))
+  config = config_files.shipped("spanbert").get_config("tiny")
+  config.sbo_max_offset, config.allow_changes = 15, "sbo_max_offset"
+  with pytest.raises(compat.IncompatibleCheckpoint, match=(
+      r"config says sbo_max_offset=15, which changes the saved state's layout; "
+      r"keep --config.sbo_max_offset=31 to resume it")):
+    compat.check(saved, config, "The checkpoint")
+
+
 def test_the_readme_resume_table_names_each_field_as_the_code_does():
   # README's safe row listed tokenizer_path as if every config had it, but no
   # shipped pretraining config does (--config.tokenizer_path is an unknown
