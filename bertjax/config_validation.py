@@ -143,6 +143,7 @@ def validate(config, *, variant: bool = True, devices: int | None = None,
     _fail("pair_separators", config.pair_separators,
           "a sentence pair has 1 ([CLS] A [SEP] B) or 2 (RoBERTa's <s> A </s></s> B) "
           "separators between its segments")
+  check_guards(config)
   if int(config.get("microbatches", 1)) < 1:
     _fail("microbatches", config.microbatches, "it must be a positive integer")
   if config.get("remat", "none") not in _REMAT:
@@ -273,6 +274,24 @@ def check_optimizer_numbers(config) -> None:
   for field in ("dropout_rate", "attention_dropout_rate"):
     if field in config and not 0 <= config[field] < 1:
       _fail(field, config[field], "it must lie in [0, 1)")
+
+
+def check_guards(config) -> None:
+  """The NaN/Inf guard's fields (bertjax/guards.py), which the loop reads only
+  when its first step runs: an unknown ``nonfinite`` failed after the data
+  was prepared and the workdir written, ``max_consecutive_skips`` <= 0 acted
+  as 1 and ``debug_nan_step`` < -1 as -1 (never). Fine-tuning calls it too."""
+  from bertjax import guards
+  if config.get("nonfinite", "stop") not in guards.NONFINITE_MODES:
+    _fail("nonfinite", config.nonfinite,
+          f"it must be one of {', '.join(guards.NONFINITE_MODES)}")
+  if int(config.get("max_consecutive_skips", 1)) < 1:
+    _fail("max_consecutive_skips", config.max_consecutive_skips,
+          "it must be a positive integer (the skipped updates in a row after "
+          "which nonfinite='skip' stops the run)")
+  if int(config.get("debug_nan_step", -1)) < -1:
+    _fail("debug_nan_step", config.debug_nan_step,
+          "it must be -1 (never) or the step, from 0, whose loss is made NaN")
 
 
 def _check_knowledge(config) -> None:

@@ -281,6 +281,10 @@ def test_local_tables_read_as_users_write_them(tmp_path):
     ("no_answer", "yes", "one of auto, on, off"),
     ("no_answer_threshold", float("inf"), "finite number"),
     ("unanswerable_fraction", 1.0, r"in \[0, 1\)"),
+    # The guard's fields: -2 meant never (as -1) and 0 stopped at the first skip.
+    ("debug_nan_step", -2, r"-1 \(never\) or the step"),
+    ("max_consecutive_skips", 0, "positive integer"),
+    ("nonfinite", "never", "one of stop, skip"),
 ])
 def test_bad_config_values_are_refused_before_any_work(tmp_path, field, value, message):
   config = _finetune_config("coherence", **{field: value})

@@ -63,7 +63,8 @@ def test_a_batch_the_devices_cannot_split_is_refused_before_any_data(demo_config
     ("grad_clip_norm", 0.0), ("dropout_rate", 1.5),
     ("attention_dropout_rate", -0.1), ("eval_max_batches", -1),
     ("eval_every_steps", -5), ("seed", -1), ("initializer_range", float("inf")),
-    ("type_vocab_size", -1), ("eval_seed", -1)])
+    ("type_vocab_size", -1), ("eval_seed", -1), ("max_consecutive_skips", 0),
+    ("max_consecutive_skips", -3), ("debug_nan_step", -2), ("nonfinite", "never")])
 def test_optimizer_and_loop_numbers_that_would_train_wrongly_are_refused(
     demo_config, field, value):
   # Each of these used to train: NaN from step 1 or 2 (lr NaN, eps 0, dropout
@@ -72,7 +73,9 @@ def test_optimizer_and_loop_numbers_that_would_train_wrongly_are_refused(
   # message naming no field (seed -1; eval_seed -1 at the first evaluation,
   # after training). initializer_range inf stopped at step 1 blaming the
   # learning rate; type_vocab_size -1 died in init with a TypeError about
-  # shape (-1, 128).
+  # shape (-1, 128). max_consecutive_skips <= 0 stopped at the first skip
+  # (as 1) and debug_nan_step -2 never fired (as -1); nonfinite 'never' failed
+  # only after the data was prepared and the workdir written.
   config = demo_config.copy_and_resolve_references()
   config[field] = value
   with pytest.raises(ValueError, match=rf"^config\.{field}=.* is invalid: .*"

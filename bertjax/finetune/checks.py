@@ -15,7 +15,6 @@ import importlib.util
 
 from bertjax import compat
 from bertjax import config_validation
-from bertjax import guards
 from bertjax import paths
 from bertjax import workdir_lock
 from bertjax.finetune import metrics as task_metrics
@@ -65,9 +64,8 @@ def check_config(config) -> None:
     raise ValueError(f"layer_decay {config.layer_decay} must be in (0, 1]; 1 turns it off.")
   if not 0.0 <= config.warmup_fraction < 1.0:
     raise ValueError(f"warmup_fraction {config.warmup_fraction} must be in [0, 1).")
-  if config.get("nonfinite", "stop") not in guards.NONFINITE_MODES:
-    raise ValueError(f"config.nonfinite={config.nonfinite!r} is invalid; set "
-                     f"--config.nonfinite to one of {', '.join(guards.NONFINITE_MODES)}.")
+  # nonfinite, max_consecutive_skips and debug_nan_step: as in pretraining.
+  config_validation.check_guards(config)
   if config.pooling not in heads.POOLINGS:
     raise ValueError(f"Unknown pooling {config.pooling!r}; set --config.pooling to one of "
                      f"{', '.join(heads.POOLINGS)}.")
@@ -75,7 +73,7 @@ def check_config(config) -> None:
     _fail("head_activation", config.head_activation,
           f"it must be one of {', '.join(heads.HEAD_ACTIVATIONS)}")
   for field in ("batch_size", "log_every_steps", "checkpoint_every_steps",
-                "keep_checkpoints", "max_consecutive_skips", "doc_stride",
+                "keep_checkpoints", "doc_stride",
                 "max_query_tokens", "max_answer_tokens"):
     if field in config and int(config[field]) < 1:
       _fail(field, config[field], "it must be a positive integer")
