@@ -28,7 +28,8 @@ cannot be forgotten. A field one of the two configs lacks compares as its
 there is none, as absent.
 
 Nested configs compare by dotted path (``model.hidden_size``); the table is
-looked up by the full path first and then by the last component.
+looked up by the full path first and then by the last component. ELECTRA's
+generator fields compare by the generator they size (``_same_generator``).
 """
 
 from __future__ import annotations
@@ -290,7 +291,7 @@ def check(saved: Mapping[str, Any], config, where: str, *,
     IncompatibleCheckpoint: one sentence naming the fields, both values and
       the ways out.
   """
-  changes = differences(saved, config)
+  changes = _same_generator(differences(saved, config), saved, config)
   if not layout_only:
     changes = [_memory_rows(c, saved) for c in changes]
   layout = [c for c in changes if c.kind == LAYOUT]
@@ -341,6 +342,32 @@ def _memory_rows(change: Change, saved: Mapping[str, Any]) -> Change:
   if change.field == "batch_size" and int(saved.get("mem_len", 0) or 0) > 0:
     return dataclasses.replace(change, kind=LAYOUT)
   return change
+
+
+_GENERATOR_FIELDS = ("generator_hidden_fraction", "generator_num_layers",
+                     "generator_hidden_size", "generator_num_heads",
+                     "generator_mlp_dim")
+
+
+def _same_generator(changes: list[Change], saved: Mapping[str, Any],
+                    config) -> list[Change]:
+  """ELECTRA's generator fields are layout through the generator they size
+  (``models.electra.generator_size``): fields that size the same generator
+  another way are a safe change. A DeBERTa-v3 checkpoint from before its
+  config sized the width by the fraction (explicit width, fraction 0.25
+  unused) resumes with the config now (width 0, fraction 1.0)."""
+  if (not any(c.field in _GENERATOR_FIELDS for c in changes)
+      or not saved.get("model") == config.get("model") == "electra"):
+    return changes
+  from bertjax.models import electra  # pylint: disable=import-outside-toplevel
+  try:
+    same = electra.generator_size(saved) == electra.generator_size(config)
+  except (ValueError, KeyError, TypeError):
+    return changes  # a size the model refuses: it says so when built
+  if not same:
+    return changes
+  return [dataclasses.replace(c, kind=SAFE) if c.field in _GENERATOR_FIELDS
+          else c for c in changes]
 
 
 def is_import(saved: Mapping[str, Any]) -> bool:

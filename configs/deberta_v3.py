@@ -15,7 +15,8 @@ What differs from ``configs/deberta.py``:
                     generator and discriminator are DeBERTa stacks
                     (disentangled attention, relative positions, no absolute
                     positions), sharing the word embeddings.
-  generator         the discriminator's width and half its depth (v3).
+  generator         the discriminator's width (generator_hidden_fraction
+                    1.0) and half its depth (generator_num_layers) (v3).
                     It has no enhanced mask decoder: its MLM head reads its
                     last layer, as transformers' DebertaV2ForMaskedLM does.
   gdes              gradient-disentangled embedding sharing: the
@@ -40,8 +41,7 @@ electra = config_files.sibling(__file__, "electra")
 
 # ELECTRA's fields that configs/deberta.py has not (or has otherwise).
 _ELECTRA_FIELDS = ("objective", "model", "mask_token_rate", "random_token_rate",
-                   "disc_loss_weight", "generator_temperature",
-                   "generator_hidden_fraction")
+                   "disc_loss_weight", "generator_temperature")
 
 
 def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
@@ -60,12 +60,17 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   c.gdes = True  # discriminator word table = stop_gradient(shared) + delta
 
   # --- generator: the discriminator's width, half its depth ------------------
+  # Sized as configs/electra.py's: the width by the fraction of the
+  # discriminator's heads (v3: all of them), unless generator_hidden_size,
+  # generator_num_heads and generator_mlp_dim are all set (> 0), which then
+  # win; the depth by generator_num_layers (0 = the discriminator's).
   disc = sizes.resolve(c)
   c.embedding_size = disc.hidden_size  # E = H: no projections
+  c.generator_hidden_fraction = 1.0
   c.generator_num_layers = max(1, disc.num_layers // 2)
-  c.generator_hidden_size = disc.hidden_size
-  c.generator_num_heads = disc.num_heads
-  c.generator_mlp_dim = disc.mlp_dim
+  c.generator_hidden_size = 0
+  c.generator_num_heads = 0
+  c.generator_mlp_dim = 0
   if size == "tiny":
     c.num_train_steps = 600
     c.checkpoint_every_steps = 300

@@ -56,8 +56,10 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   # least one) at the discriminator's head width. tiny: 2 heads x 1/4 -> one
   # head of 64, hidden 64, feed-forward 256.
   c.generator_hidden_fraction = 0.25
-  # Explicit generator sizes win over the fraction when all four are > 0
-  # (an import from Hugging Face sets them); 0 = derived from the fraction.
+  # Explicit generator width (hidden, heads and feed-forward, all > 0; an
+  # import from Hugging Face sets them) wins over the fraction, which is then
+  # unused; 0 = derived from the fraction. generator_num_layers > 0 sets the
+  # depth, alone or with them; 0 = the discriminator's.
   c.generator_num_layers = 0
   c.generator_hidden_size = 0
   c.generator_num_heads = 0

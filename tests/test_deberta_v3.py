@@ -78,6 +78,34 @@ def test_tiny_golden_parameter_shapes():
   assert shapes(params) == want
 
 
+def test_the_generator_is_sized_as_electras_by_fraction_and_depth():
+  # The config used to ship explicit generator sizes, so that
+  # --config.generator_hidden_fraction was accepted and silently ignored.
+  from bertjax import compat
+  from bertjax.models import electra as electra_model
+  from bertjax.models import sizes
+  base = v3_config.get_config("base")
+  config = base.copy_and_resolve_references()
+  config.generator_hidden_fraction = 0.5  # 6 of the 12 heads of 64
+  assert electra_model.generator_size(config) == sizes.Size(6, 384, 6, 1536)
+  # An explicit width wins over the fraction, as in configs/electra.py.
+  config.update(generator_hidden_size=256, generator_num_heads=4,
+                generator_mlp_dim=1024)
+  assert electra_model.generator_size(config) == sizes.Size(6, 256, 4, 1024)
+  # A checkpoint of the config as it was (the same generator, given by
+  # explicit sizes with the fraction 0.25 unused) resumes; another width not.
+  saved = dict(compat.as_json(base), generator_hidden_fraction=0.25,
+               generator_hidden_size=768, generator_num_heads=12,
+               generator_mlp_dim=3072)
+  assert {c.kind for c in compat.check(saved, base, "The checkpoint")
+          if c.field.startswith("generator_")} == {compat.SAFE}
+  with pytest.raises(compat.IncompatibleCheckpoint, match=(
+      r"config says generator_hidden_fraction=0\.5, .*, which changes the saved "
+      r"state's layout")):
+    compat.check(saved, dict(compat.as_json(base), generator_hidden_fraction=0.5),
+                 "The checkpoint")
+
+
 @pytest.fixture(scope="module")
 def trained(demo_data, tmp_path_factory):
   """(config, workdir) of the tiny config trained 8 steps on short rows: the

@@ -251,6 +251,15 @@ def test_explicit_generator_sizes_are_all_or_nothing(fields, words):
   assert (got.num_layers, got.hidden_size, got.num_heads, got.mlp_dim) == (1, 64, 2, 128)
 
 
+def test_the_generator_depth_may_be_set_alone():
+  # DeBERTa-v3's generator (half the depth, the width by the fraction) is
+  # sized this way; it used to need all four sizes, which hid the fraction.
+  config = electra_config.get_config("tiny")
+  config.generator_num_layers = 1
+  got = electra_model.generator_size(config)
+  assert (got.num_layers, got.hidden_size, got.num_heads, got.mlp_dim) == (1, 64, 1, 256)
+
+
 def _restore(config, workdir, step):
   """The train state of ``workdir``'s checkpoint at ``step``."""
   model, tx = models.get_model(config), optim.make_optimizer(config)

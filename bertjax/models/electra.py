@@ -58,52 +58,57 @@ ENCODERS = ("bert", "deberta")
 def generator_size(config: Any) -> sizes.Size:
   """The generator's encoder size for a config (mapping or ConfigDict).
 
-  Explicit ``generator_num_layers, generator_hidden_size, generator_num_heads,
-  generator_mlp_dim`` (what an import from Hugging Face records) win.
-  Otherwise ``generator_hidden_fraction`` scales the discriminator's head
-  count, rounded (at least 1), keeping its head width, as the original code
-  does (heads = hidden // 64): a fraction of 1/3 of a 1024-wide, 16-head
-  encoder gives 5 heads of 64, hidden 320, instead of an indivisible 341.
-  The feed-forward size scales with the hidden size; the depth is the
+  The width: explicit ``generator_hidden_size, generator_num_heads,
+  generator_mlp_dim`` (all > 0; what an import from Hugging Face records)
+  win, and ``generator_hidden_fraction`` is then unused. Otherwise the
+  fraction scales the discriminator's head count, rounded (at least 1),
+  keeping its head width, as the original code does (heads = hidden // 64):
+  a fraction of 1/3 of a 1024-wide, 16-head encoder gives 5 heads of 64,
+  hidden 320, instead of an indivisible 341; the feed-forward size scales
+  with the hidden size. The depth: ``generator_num_layers`` when > 0 (set
+  alone or with the width; DeBERTa-v3's half depth), else the
   discriminator's.
 
   Raises:
-    ValueError: for a fraction outside (0, 1], explicit sizes given only in
-      part or negative, wider or deeper than the discriminator, or a hidden
-      size the heads do not divide.
+    ValueError: for a fraction outside (0, 1], a negative size, an explicit
+      width given only in part, wider or deeper than the discriminator, or
+      a hidden size the heads do not divide.
   """
   disc = sizes.resolve(config)
   explicit = ("generator_num_layers", "generator_hidden_size",
               "generator_num_heads", "generator_mlp_dim")
+  width = explicit[1:]
   values = {f: int(config.get(f) or 0) for f in explicit}
-  set_ = [f for f in explicit if values[f]]
-  if any(v < 0 for v in values.values()) or 0 < len(set_) < len(explicit):
+  set_ = [f for f in width if values[f]]
+  if any(v < 0 for v in values.values()) or 0 < len(set_) < len(width):
     given = ", ".join(f"{f}={v}" for f, v in values.items())
     raise ValueError(
-        f"The explicit generator sizes ({given}) must be all positive or all 0; "
-        f"set --config.{' --config.'.join(f'{f}=...' for f in explicit)} "
-        "together, or all to 0 to size the generator by "
+        f"The explicit generator sizes ({given}) must be all positive or all 0 "
+        "(generator_num_layers may also be set alone); set "
+        f"--config.{' --config.'.join(f'{f}=...' for f in width)} together, or "
+        "all to 0 to size the generator's width by "
         "--config.generator_hidden_fraction.")
-  if set_:
-    if values["generator_hidden_size"] % values["generator_num_heads"]:
+  # As the fraction's (0, 1]: the generator is at most the discriminator's
+  # size. Explicit sizes are fixed when a config is written, so another
+  # --config.model_size could leave a generator far larger than the
+  # discriminator it trains.
+  if set_ and values["generator_hidden_size"] % values["generator_num_heads"]:
+    raise ValueError(
+        f"generator_hidden_size={values['generator_hidden_size']} is not "
+        f"divisible by generator_num_heads={values['generator_num_heads']}; "
+        "set --config.generator_num_heads to a divisor of it.")
+  for field, disc_field in (("generator_hidden_size", "hidden_size"),
+                            ("generator_num_layers", "num_layers")):
+    if values[field] > getattr(disc, disc_field):
       raise ValueError(
-          f"generator_hidden_size={values['generator_hidden_size']} is not "
-          f"divisible by generator_num_heads={values['generator_num_heads']}; "
-          "set --config.generator_num_heads to a divisor of it.")
-    # As the fraction's (0, 1]: the generator is at most the discriminator's
-    # size. Explicit sizes are fixed when a config is written (deberta_v3's
-    # are its discriminator's width), so another --config.model_size could
-    # leave a generator far larger than the discriminator it trains.
-    for field, disc_field in (("generator_hidden_size", "hidden_size"),
-                              ("generator_num_layers", "num_layers")):
-      if values[field] > getattr(disc, disc_field):
-        raise ValueError(
-            f"{field}={values[field]} is larger than the discriminator's "
-            f"{disc_field}={getattr(disc, disc_field)}; ELECTRA's generator is "
-            f"at most the discriminator's size: set --config.{field} to at "
-            f"most {getattr(disc, disc_field)} (or all four generator_* sizes "
-            "to 0 to size it by --config.generator_hidden_fraction).")
-    return sizes.Size(*(values[f] for f in explicit))
+          f"{field}={values[field]} is larger than the discriminator's "
+          f"{disc_field}={getattr(disc, disc_field)}; ELECTRA's generator is "
+          f"at most the discriminator's size: set --config.{field} to at "
+          f"most {getattr(disc, disc_field)} (or to 0 to size it by the "
+          "discriminator and --config.generator_hidden_fraction).")
+  depth = values["generator_num_layers"] or disc.num_layers
+  if set_:
+    return sizes.Size(depth, *(values[f] for f in width))
   fraction = float(config.get("generator_hidden_fraction", 0.25))
   if not 0.0 < fraction <= 1.0:
     raise ValueError(
@@ -111,8 +116,7 @@ def generator_size(config: Any) -> sizes.Size:
         f"--config.generator_hidden_fraction (ELECTRA uses 1/4 or 1/3).")
   heads = max(1, round(disc.num_heads * fraction))
   hidden = heads * (disc.hidden_size // disc.num_heads)
-  return sizes.Size(num_layers=disc.num_layers, hidden_size=hidden,
-                    num_heads=heads,
+  return sizes.Size(num_layers=depth, hidden_size=hidden, num_heads=heads,
                     mlp_dim=disc.mlp_dim * hidden // disc.hidden_size)
 
 
