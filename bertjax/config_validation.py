@@ -15,6 +15,7 @@ from absl import logging
 
 from bertjax import optim
 from bertjax.data import mixture
+from bertjax.data import packing
 from bertjax.models import attention
 from bertjax.models import layers
 from bertjax.models import sizes
@@ -127,9 +128,10 @@ def validate(config, *, variant: bool = True, devices: int | None = None,
   if not 0 < config.learning_rate < math.inf:  # also refuses NaN
     _fail("learning_rate", config.learning_rate, "it must be a positive number")
   check_optimizer_numbers(config)
-  for field in ("eval_every_steps", "eval_max_batches", "seed", "eval_seed"):
+  for field in ("eval_every_steps", "eval_max_batches"):
     if field in config and not int(config[field]) >= 0:
       _fail(field, config[field], "it must not be negative")
+  check_seeds(config)
   if "shuffle_window" in config and int(config.shuffle_window) < 1:
     _fail("shuffle_window", config.shuffle_window,
           "it must be a positive integer (1 reads the examples in order)")
@@ -139,6 +141,9 @@ def validate(config, *, variant: bool = True, devices: int | None = None,
       and not 0.0 <= float(config.short_seq_prob) <= 1.0):
     _fail("short_seq_prob", config.short_seq_prob,
           "it is a probability and must lie in [0, 1]")
+  if "pair_chunking" in config and config.pair_chunking not in packing.PAIR_CHUNKING:
+    _fail("pair_chunking", config.pair_chunking,  # refused when the first row was packed
+          f"it must be one of {', '.join(packing.PAIR_CHUNKING)}")
   if config.get("pair_separators", 1) not in (1, 2):  # data/packing.py
     _fail("pair_separators", config.pair_separators,
           "a sentence pair has 1 ([CLS] A [SEP] B) or 2 (RoBERTa's <s> A </s></s> B) "
@@ -152,6 +157,10 @@ def validate(config, *, variant: bool = True, devices: int | None = None,
   if variant:
     check_variant(config)
   mixture.parse(config)  # its entries, before any data is read
+  # prepare's own fields (block size, workers, the tokenizer's sample and
+  # threads), which prepare refused only after the workdir was locked.
+  from bertjax.data import prepare
+  prepare.engine_of(config)
   import jax
   from bertjax import sharding
   shape = dict(zip(sharding.MESH_AXES, sharding.parse_mesh_shape(
@@ -274,6 +283,18 @@ def check_optimizer_numbers(config) -> None:
   for field in ("dropout_rate", "attention_dropout_rate"):
     if field in config and not 0 <= config[field] < 1:
       _fail(field, config[field], "it must lie in [0, 1)")
+
+
+def check_seeds(config) -> None:
+  """``seed`` and ``eval_seed`` lie in [0, 2**32): jax.random.key keeps a
+  seed's low 32 bits, so 2**32 drew seed 0's init and masks, and 2**63
+  failed with an OverflowError after the data was prepared. Fine-tuning
+  calls it too."""
+  for field in ("seed", "eval_seed"):
+    if field in config and not 0 <= int(config[field]) < 2**32:
+      _fail(field, config[field], "it must not be negative, and below 2**32 "
+            "(JAX keeps a seed's low 32 bits: a larger one repeats a smaller "
+            "one's draws)")
 
 
 def check_guards(config) -> None:

@@ -277,6 +277,7 @@ def test_local_tables_read_as_users_write_them(tmp_path):
     ("max_train_examples", -3, "must not be negative"),  # silently dropped 3 rows
     ("head_dropout", 1.5, r"in \[0, 1\)"),
     ("seed", -1, "must not be negative"),  # a ValueError of numpy's mid-run
+    ("seed", 2**32, "below 2\\*\\*32"),  # seed 0's draws again
     ("doc_stride", 0, "positive integer"),
     ("no_answer", "yes", "one of auto, on, off"),
     ("no_answer_threshold", float("inf"), "finite number"),

@@ -64,7 +64,8 @@ def test_a_batch_the_devices_cannot_split_is_refused_before_any_data(demo_config
     ("attention_dropout_rate", -0.1), ("eval_max_batches", -1),
     ("eval_every_steps", -5), ("seed", -1), ("initializer_range", float("inf")),
     ("type_vocab_size", -1), ("eval_seed", -1), ("max_consecutive_skips", 0),
-    ("max_consecutive_skips", -3), ("debug_nan_step", -2), ("nonfinite", "never")])
+    ("max_consecutive_skips", -3), ("debug_nan_step", -2), ("nonfinite", "never"),
+    ("seed", 2**32), ("eval_seed", 2**63), ("pair_chunking", "sentences")])
 def test_optimizer_and_loop_numbers_that_would_train_wrongly_are_refused(
     demo_config, field, value):
   # Each of these used to train: NaN from step 1 or 2 (lr NaN, eps 0, dropout
@@ -75,12 +76,33 @@ def test_optimizer_and_loop_numbers_that_would_train_wrongly_are_refused(
   # learning rate; type_vocab_size -1 died in init with a TypeError about
   # shape (-1, 128). max_consecutive_skips <= 0 stopped at the first skip
   # (as 1) and debug_nan_step -2 never fired (as -1); nonfinite 'never' failed
-  # only after the data was prepared and the workdir written.
+  # only after the data was prepared and the workdir written. seed 2**32 drew
+  # seed 0's init and masks (JAX keeps the low 32 bits), 2**63 was an
+  # OverflowError after prepare; pair_chunking 'sentences' failed when the
+  # first row was packed, after the workdir was written.
   config = demo_config.copy_and_resolve_references()
   config[field] = value
   with pytest.raises(ValueError, match=rf"^config\.{field}=.* is invalid: .*"
                      rf"--config\.{field}="):
     config_validation.validate(config)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("prepare_block_mb", 0.0), ("prepare_workers", -1),
+    ("tokenizer_sample_sentences", 0), ("tokenizer_train_threads", 0)])
+def test_prepare_fields_are_refused_before_the_workdir_is_locked(
+    demo_config, tmp_path, field, value):
+  # Refused by prepare only, after the workdir had been locked and its
+  # checkpoints/ made.
+  from bertjax import train
+  config = demo_config.copy_and_resolve_references()
+  config[field] = value
+  with pytest.raises(ValueError, match=rf"^config\.{field}={value!r} "):
+    config_validation.validate(config)
+  workdir = tmp_path / "never"
+  with pytest.raises(ValueError, match=rf"^config\.{field}={value!r} "):
+    train.train_and_evaluate(config, str(workdir))
+  assert not workdir.exists()
 
 
 @pytest.mark.parametrize("name, field, value, words", [

@@ -80,8 +80,7 @@ def check_config(config) -> None:
   for field in ("max_train_examples", "max_eval_examples", "max_answer_words"):
     if field in config and int(config[field]) < 0:
       _fail(field, config[field], "it must not be negative (0 = no limit)")
-  if int(config.seed) < 0:
-    _fail("seed", config.seed, "it must not be negative")
+  config_validation.check_seeds(config)
   if config.seq_len < MIN_SEQ_LEN:
     _fail("seq_len", config.seq_len, f"it must be at least {MIN_SEQ_LEN} (and at most "
           "the encoder's position table)")
