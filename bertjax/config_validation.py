@@ -157,6 +157,7 @@ def validate(config, *, variant: bool = True, devices: int | None = None,
   if variant:
     check_variant(config)
   mixture.parse(config)  # its entries, before any data is read
+  _check_text_files(config)
   # prepare's own fields (block size, workers, the tokenizer's sample and
   # threads), which prepare refused only after the workdir was locked.
   from bertjax.data import prepare
@@ -168,6 +169,23 @@ def validate(config, *, variant: bool = True, devices: int | None = None,
   check_sharded_dims(config, shape)
   # Before any data is prepared: the same check as check_mesh, on the shape.
   _check_batch(config, shape["data"] * shape["fsdp"], shape, hosts)
+
+
+def _check_text_files(config) -> None:
+  """``text_files`` is read by the bertjax_local_text dataset only (and is a
+  default of a mixture's entries): with another dataset it was ignored, and
+  the run trained on that dataset (the demo corpus by default) instead."""
+  files = str(config.get("text_files", "") or "")
+  dataset = str(config.get("dataset", ""))
+  if (not files or config.get("mixture", "")
+      or dataset.partition("/")[0] == "bertjax_local_text"):
+    return
+  raise ValueError(
+      f"config.text_files={files!r} is read only by the dataset "
+      f"bertjax_local_text, but config.dataset is {dataset!r}, which the run "
+      "would train on instead; set --config.dataset=bertjax_local_text (or "
+      "bertjax_local_text/paragraphs) to train on the files, or "
+      "--config.text_files='' to train on that dataset.")
 
 
 def _check_seq_len(config) -> None:

@@ -105,6 +105,20 @@ def test_prepare_fields_are_refused_before_the_workdir_is_locked(
   assert not workdir.exists()
 
 
+def test_text_files_with_another_dataset_is_refused_not_ignored(demo_config):
+  # Only bertjax_local_text reads text_files: with the default dataset the
+  # run trained on the demo corpus and never read the user's files.
+  config = demo_config.copy_and_resolve_references()
+  config.text_files = "corpus/*.txt"
+  with pytest.raises(ValueError, match=(
+      r"^config\.text_files='corpus/\*\.txt' is read only by the dataset "
+      r"bertjax_local_text, but config\.dataset is 'bertjax_python_docs'.*"
+      r"--config\.dataset=bertjax_local_text")):
+    config_validation.validate(config)
+  config.dataset = "bertjax_local_text/paragraphs"
+  config_validation.validate(config)
+
+
 @pytest.mark.parametrize("name, field, value, words", [
     ("albert", "embedding_size", 0, "embedding_size=0 must be positive"),
     ("albert", "layer_sharing", "some", "Unknown layer_sharing"),
