@@ -141,6 +141,7 @@ def validate(config, *, variant: bool = True, devices: int | None = None,
       and not 0.0 <= float(config.short_seq_prob) <= 1.0):
     _fail("short_seq_prob", config.short_seq_prob,
           "it is a probability and must lie in [0, 1]")
+  _check_layout(config)
   if "pair_chunking" in config and config.pair_chunking not in packing.PAIR_CHUNKING:
     _fail("pair_chunking", config.pair_chunking,  # refused when the first row was packed
           f"it must be one of {', '.join(packing.PAIR_CHUNKING)}")
@@ -169,6 +170,26 @@ def validate(config, *, variant: bool = True, devices: int | None = None,
   check_sharded_dims(config, shape)
   # Before any data is prepared: the same check as check_mesh, on the shape.
   _check_batch(config, shape["data"] * shape["fsdp"], shape, hosts)
+
+
+def _check_layout(config) -> None:
+  """A known packing layout (with an objective that takes any, an unknown one
+  failed when the first row was packed, after the workdir was written), and
+  for ``sentence_pairs`` the ``short_seq_prob`` it draws pair lengths with:
+  configs that train on single segments (RoBERTa, SpanBERT, DeBERTa, XLNet)
+  drop it, and the pipeline failed with an AttributeError traceback."""
+  names = list(packing.LAYOUTS) + list(packing.CROSS_DOCUMENT_LAYOUTS)
+  layout = config.get("layout")
+  if layout not in names:
+    _fail("layout", layout, f"it must be one of {', '.join(names)}")
+  if layout == "sentence_pairs" and "short_seq_prob" not in config:
+    others = ", ".join(n for n in names if n != layout)
+    raise ValueError(
+        "config.layout='sentence_pairs' needs the field short_seq_prob (the "
+        "share of pairs packed shorter), which this config does not have: its "
+        f"system trains on single segments; set --config.layout to one of "
+        f"{others}, or start from a config of sentence pairs such as "
+        f"--config=configs/bert.py:{config.get('model_size', 'tiny')}.")
 
 
 def _check_text_files(config) -> None:

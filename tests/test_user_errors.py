@@ -65,7 +65,8 @@ def test_a_batch_the_devices_cannot_split_is_refused_before_any_data(demo_config
     ("eval_every_steps", -5), ("seed", -1), ("initializer_range", float("inf")),
     ("type_vocab_size", -1), ("eval_seed", -1), ("max_consecutive_skips", 0),
     ("max_consecutive_skips", -3), ("debug_nan_step", -2), ("nonfinite", "never"),
-    ("seed", 2**32), ("eval_seed", 2**63), ("pair_chunking", "sentences")])
+    ("seed", 2**32), ("eval_seed", 2**63), ("pair_chunking", "sentences"),
+    ("layout", "doc_sentencez")])
 def test_optimizer_and_loop_numbers_that_would_train_wrongly_are_refused(
     demo_config, field, value):
   # Each of these used to train: NaN from step 1 or 2 (lr NaN, eps 0, dropout
@@ -103,6 +104,25 @@ def test_prepare_fields_are_refused_before_the_workdir_is_locked(
   with pytest.raises(ValueError, match=rf"^config\.{field}={value!r} "):
     train.train_and_evaluate(config, str(workdir))
   assert not workdir.exists()
+
+
+@pytest.mark.parametrize("name", ["roberta", "spanbert", "xlnet"])
+def test_sentence_pairs_on_a_single_segment_config_is_refused_up_front(name, tmp_path):
+  # These configs drop short_seq_prob: the pipeline failed with an
+  # AttributeError traceback once the workdir had been written (and a
+  # RoBERTa layout of 'doc_sentencez' when its first row was packed).
+  from bertjax import train
+  config = config_files.shipped(name).get_config("tiny")
+  config.layout = "sentence_pairs"
+  workdir = tmp_path / "never"
+  with pytest.raises(ValueError, match=(
+      r"^config\.layout='sentence_pairs' needs the field short_seq_prob .*; "
+      r"set --config\.layout to one of doc_sentences, full_sentences, stream, ")):
+    train.train_and_evaluate(config, str(workdir))
+  assert not workdir.exists()
+  config.layout = "doc_sentencez"
+  with pytest.raises(ValueError, match=r"^config\.layout='doc_sentencez' is invalid"):
+    config_validation.validate(config)
 
 
 def test_text_files_with_another_dataset_is_refused_not_ignored(demo_config):
