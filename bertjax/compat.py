@@ -233,6 +233,13 @@ def allowed(config) -> set[str]:
           f"config.allow_changes names {name!r}, which is not a config field; "
           "set --config.allow_changes to a comma-separated list of fields such "
           "as seq_len,batch_size.")
+    if kind_of(name) == LAYOUT:
+      # It would be ignored: a layout change is refused whatever is allowed.
+      raise ValueError(
+          f"config.allow_changes names {name!r}, which sets the saved state's "
+          "layout and cannot change on resume, allowed or not; leave it out of "
+          "--config.allow_changes (keep the checkpoint's value to resume, or "
+          "pass a new --workdir to train with another).")
   return names
 
 

@@ -421,6 +421,20 @@ def test_no_field_a_resume_may_change_changes_the_state_shapes(monkeypatch):
   assert not moved, f"these change the state's shapes but are not layout fields: {moved}"
 
 
+def test_allow_changes_naming_a_layout_field_is_refused():
+  # It was accepted and then meant nothing: a layout change is refused
+  # whatever allow_changes says.
+  from bertjax import config_files
+  config = config_files.shipped("spanbert").get_config("tiny")
+  config.allow_changes = "seq_len,sbo_max_offset"
+  with pytest.raises(ValueError, match=(
+      r"^config\.allow_changes names 'sbo_max_offset', which sets the saved "
+      r"state's layout and cannot change on resume")):
+    compat.allowed(config)
+  config.allow_changes = "seq_len,num_train_steps"
+  assert compat.allowed(config) == {"seq_len", "num_train_steps"}
+
+
 def test_sbo_max_offset_change_is_refused_even_when_allowed():
   from bertjax import config_files
   saved = compat.as_json(config_files.shipped("spanbert").get_config("tiny"))
