@@ -15,20 +15,28 @@ probabilities (one JSON line); --config is not needed for it.
 """
 
 # Restart with malloc tunables that reuse XLA:CPU's per-step buffers before the heavy
-# imports (bertjax/host_memory.py); only when run as the program.
+# imports (bertjax/host_memory.py), then remember SIGTERM rather than die of it
+# (exit 75 and one line, as bertjax.main); only when run as the program.
 if __name__ == "__main__":
   from bertjax import host_memory
   host_memory.reexec_with_malloc_tunables()
 
-import json
+from bertjax import guards  # noqa: E402
 
-from absl import app
-from absl import flags
+if __name__ == "__main__":
+  guards.catch_sigterm()
 
-from bertjax import cli
-from bertjax import config_files
-from bertjax import evaluation
-from bertjax import multihost
+import json  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+
+from bertjax import cli  # noqa: E402
+from bertjax import config_files  # noqa: E402
+from bertjax import evaluation  # noqa: E402
+from bertjax import multihost  # noqa: E402
 
 _CONFIG = config_files.define_config_flag(
     "Config file, e.g. configs/bert.py:tiny (bertjax's own if not found here).")
@@ -55,6 +63,9 @@ def main(argv):
     import bertjax
     model = bertjax.load(_WORKDIR.value, _STEP.value)
     fillings = model.fill_mask(_FILL_MASK.value, _TOP_K.value)
+    if guards.PreemptionWatcher.signalled():
+      raise guards.Preempted(0, "Preempted before the fillings were printed; "
+                                "nothing written, run the same command again.")
     for k, options in enumerate(fillings):
       print(f"[MASK] {k + 1}: " + "  ".join(
           f"{o['text']!r} {o['score']:.3f}" for o in options))
@@ -64,8 +75,16 @@ def main(argv):
     raise ValueError("--config is required to evaluate; pass the config the workdir "
                      "was trained with, e.g. --config=configs/bert.py:tiny (only "
                      "--fill_mask does without).")
-  multihost.initialize(_DISTRIBUTED.value)
-  record = evaluation.evaluate_checkpoint(_CONFIG.value, _WORKDIR.value, _STEP.value)
+  try:
+    multihost.initialize(_DISTRIBUTED.value, stop=guards.PreemptionWatcher.signalled)
+  except multihost.StoppedWhileConnecting:
+    # As bertjax.main: JAX's connect goes on in a thread nothing can stop.
+    print(guards.Preempted.while_connecting(), flush=True)
+    sys.stdout.flush()
+    os._exit(guards.EXIT_PREEMPTED)
+  record = evaluation.evaluate_checkpoint(
+      _CONFIG.value, _WORKDIR.value, _STEP.value,
+      should_stop=guards.PreemptionWatcher.signalled)
   print(json.dumps(record), flush=True)
 
 

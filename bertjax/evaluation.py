@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax import compat
+from bertjax import guards
 from bertjax import metrics as metrics_lib
 from bertjax import multihost
 from bertjax import objectives
@@ -232,24 +233,39 @@ def _require_prepared(config, data_dir: str) -> None:
         "own data/), or prepare it first with python -m bertjax.prepare.")
 
 
-def evaluate_checkpoint(config, workdir: str, step: int | None = None) -> dict[str, Any]:
+def evaluate_checkpoint(config, workdir: str, step: int | None = None, *,
+                        should_stop=None) -> dict[str, Any]:
   """Restores a checkpoint of ``workdir`` (latest by default) and evaluates
   it; the latest of a run still training there even when the run removes it
-  meanwhile."""
+  meanwhile.
+
+  ``should_stop``: asked before each batch (``bertjax.evaluate`` passes the
+  SIGTERM flag, ``guards.PreemptionWatcher.signalled``); when it says so the
+  evaluation is abandoned, nothing is written and ``guards.Preempted`` is
+  raised. With several processes it is not asked: JAX's preemption notifier
+  has SIGTERM there, and a process that stopped alone would leave the others
+  waiting in the next batch's collectives.
+  """
   from bertjax import checkpointing
   from bertjax.data import layout
   # As training does: processes given other flags would evaluate different
   # checkpoints (or data) side by side, each its own, without a word.
   workdir = paths.absolute(workdir)
-  multihost.check_same_run(
+  # A SIGTERM that came before JAX's preemption notifier stops every process.
+  signalled = multihost.check_same_run(
       config.to_dict(), {"workdir": workdir,
                          "data_dir": layout.resolve_data_dir(config, workdir),
-                         "step": step}, False)
+                         "step": step}, bool(should_stop and should_stop()))
+  if signalled:
+    raise guards.Preempted.during_start_up(signalled)
+  if jax.process_count() > 1:
+    should_stop = None
   return checkpointing.read_while_training(
-      workdir, step, lambda s: _evaluate_checkpoint(config, workdir, s))
+      workdir, step, lambda s: _evaluate_checkpoint(config, workdir, s, should_stop))
 
 
-def _evaluate_checkpoint(config, workdir: str, step: int | None) -> dict[str, Any]:
+def _evaluate_checkpoint(config, workdir: str, step: int | None,
+                         should_stop=None) -> dict[str, Any]:
   from bertjax import checkpointing
   from bertjax import config_validation
   from bertjax import models
@@ -297,7 +313,9 @@ def _evaluate_checkpoint(config, workdir: str, step: int | None) -> dict[str, An
   state, _ = checkpointer.restore(step, abstract, shardings)
   checkpointer.close()
   record = evaluate_params(config, state.params, prepared, mesh, model,
-                           objectives.get_objective(config))
+                           objectives.get_objective(config), should_stop=should_stop)
+  if record is None:
+    raise guards.Preempted.during_evaluation(step)
   record = {"step": step, **record}
   # What this evaluation was run with that the checkpoint was not (another
   # eval_seed, split, batch ...): why a record beside the training run's,

@@ -96,6 +96,12 @@ class Preempted(Exception):
                      "evaluate it.")
 
   @classmethod
+  def during_evaluation(cls, step: int) -> "Preempted":
+    """SIGTERM while ``bertjax.evaluate`` evaluated the checkpoint of ``step``."""
+    return cls(step, f"{_cause()} while evaluating the checkpoint of step {step}; "
+                     "nothing written, run the same command again to evaluate it.")
+
+  @classmethod
   def during_final_predictions(cls, step: int) -> "Preempted":
     return cls(step, f"{_cause()} while predicting the predict files; the checkpoint "
                      f"of step {step} is saved, run the same command again to "
