@@ -65,3 +65,54 @@ def test_sigterm_during_evaluate_exits_75_writes_nothing_and_rerun_evaluates(
   rerun = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert rerun.returncode == 0, rerun.stderr[-3000:]
   assert _listing(workdir) == before | {f"eval_{STEPS}-2.json"}
+
+
+def _finetune_config(**overrides):
+  from bertjax import config_files
+  config = config_files.shipped("finetune").get_config("coherence")
+  for k, v in {**_FINETUNE, **overrides}.items():
+    config[k] = v
+  return config
+
+
+_FINETUNE = dict(seq_len=32, batch_size=16, num_epochs=1.0, max_train_examples=32,
+                 max_eval_examples=16)
+
+
+def test_sigterm_while_finetune_starts_exits_75_in_one_line(tmp_path, trained):
+  # Before the train loop's watcher it died of the signal (143, no word).
+  init, _ = trained
+  workdir = tmp_path / "ft"
+  args = [sys.executable, "-m", "bertjax.finetune", "--config=configs/finetune.py:coherence",
+          f"--init={init}", f"--workdir={workdir}"] + [
+              f"--config.{k}={v}" for k, v in _FINETUNE.items()]
+  err = tmp_path / "stderr.txt"
+  with open(err, "w") as e:
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=e, text=True)
+    # The workdir is held: the state is being built, no step taken yet.
+    wait_for(lambda: (workdir / ".bertjax.lock").exists(), proc)
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=120)[0]
+  assert proc.returncode == guards.EXIT_PREEMPTED, err.read_text()[-3000:]
+  assert out.strip().splitlines()[-1].startswith("Preempted ")
+  assert "Traceback" not in err.read_text()
+  from bertjax.finetune import loop
+  assert loop.run(_finetune_config(), init, str(workdir))["step"] == 2
+
+
+def test_sigterm_before_finetunings_first_step_saves_nothing(tmp_path, trained):
+  # It took a step and saved it first: the watcher looked only after a step.
+  from bertjax import checkpointing
+  from bertjax.finetune import loop
+  init, _ = trained
+  workdir = tmp_path / "ft"
+  guards._SIGTERM.set()  # as the handler bertjax.finetune installs first does
+  try:
+    with pytest.raises(guards.Preempted) as e:
+      loop.run(_finetune_config(), init, str(workdir))
+  finally:
+    guards._SIGTERM.clear()
+  assert str(e.value) == ("Preempted before the first step; nothing new to save (no "
+                          "checkpoint yet), run the same command again to go on.")
+  assert e.value.exit_status == guards.EXIT_PREEMPTED
+  assert checkpointing.Checkpointer(str(workdir)).all_steps() == []

@@ -11,16 +11,22 @@ line; run again to resume.
 """
 
 # Restart with malloc tunables that reuse XLA:CPU's per-step buffers before the heavy
-# imports (bertjax/host_memory.py); only when run as the program.
+# imports (bertjax/host_memory.py), then remember SIGTERM rather than die of it
+# (exit 75 and one line, as bertjax.main); only when run as the program.
 if __name__ == "__main__":
   from bertjax import host_memory
   host_memory.reexec_with_malloc_tunables()
 
-from absl import app
-from absl import flags
+from bertjax import guards  # noqa: E402
 
-from bertjax import cli
-from bertjax import config_files
+if __name__ == "__main__":
+  guards.catch_sigterm()
+
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+
+from bertjax import cli  # noqa: E402
+from bertjax import config_files  # noqa: E402
 
 _CONFIG = config_files.define_config_flag(
     "Task config, e.g. configs/finetune.py:coherence (bertjax's own if not found here).")
