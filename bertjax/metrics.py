@@ -7,6 +7,7 @@ summed on device across steps and divided only when written.
 from __future__ import annotations
 
 import json
+import os
 
 from typing import Any, Mapping
 
@@ -52,6 +53,27 @@ def has_row(workdir: str, step: int, prefix: str, filename: str = "metrics.jsonl
   return False
 
 
+_EVENT_FILE = "events.out.tfevents."
+
+
+def _start_suffix(tb_dir: str) -> str:
+  """``.<n>``, the end of this start's event file name (after tensorboardX's
+  whole seconds and hostname): n counts the event files there already.
+
+  Without it two starts within one second (a quick resume) got one name, and
+  tensorboardX opens its file with "wb": the second start erased the first's
+  records. Names of one second so sort in start order, the order TensorBoard
+  reads them in (and applies a resumed start's purge of redone steps)."""
+  try:
+    names = [n for n in os.listdir(tb_dir) if n.startswith(_EVENT_FILE)]
+  except FileNotFoundError:
+    names = []
+  n = len(names)
+  while any(name.endswith(f".{n:06d}") for name in names):  # some were deleted
+    n += 1
+  return f".{n:06d}"
+
+
 class MetricWriter:
   """Writes scalars to ``workdir/metrics.jsonl`` and TensorBoard event files.
 
@@ -85,7 +107,8 @@ class MetricWriter:
       try:
         from tensorboardX import SummaryWriter
         self._tb = SummaryWriter(tb_dir, purge_step=(
-            None if resumed_at is None else resumed_at + 1))
+            None if resumed_at is None else resumed_at + 1),
+                                 filename_suffix=_start_suffix(tb_dir))
       except ImportError:  # TensorBoard files are optional; JSON lines are not.
         self._tb = None
 

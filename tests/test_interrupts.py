@@ -116,3 +116,27 @@ def test_sigterm_before_finetunings_first_step_saves_nothing(tmp_path, trained):
                           "checkpoint yet), run the same command again to go on.")
   assert e.value.exit_status == guards.EXIT_PREEMPTED
   assert checkpointing.Checkpointer(str(workdir)).all_steps() == []
+
+
+def test_two_starts_within_one_second_keep_both_event_files(tmp_path, monkeypatch):
+  # tensorboardX names an event file by whole seconds and host and opens it
+  # with "wb": a resume within the same second erased the first start's file.
+  import types
+  from tensorboardX import event_file_writer
+  from bertjax import metrics
+  from test_train import read_scalars
+  monkeypatch.setattr(event_file_writer, "time",
+                      types.SimpleNamespace(time=lambda: 1796000000.25))
+  workdir = str(tmp_path)
+  first = metrics.MetricWriter(workdir)
+  for step in (1, 2, 3):
+    first.write(step, {"loss": float(step)})
+  first.close()  # killed after step 3, resumed from the checkpoint of step 2
+  resumed = metrics.MetricWriter(workdir, resumed_at=2)
+  for step in (3, 4):
+    resumed.write(step, {"loss": 10.0 + step})
+  resumed.close()
+  # In name order, as TensorBoard reads them: the first start's file first.
+  files = sorted(os.listdir(tmp_path / "tensorboard"))
+  assert [read_scalars(tmp_path / "tensorboard" / f) for f in files] == [
+      {"loss": {1: 1.0, 2: 2.0, 3: 3.0}}, {"loss": {3: 13.0, 4: 14.0}}]
