@@ -11,8 +11,10 @@ same command goes on:
     the current step is saved and the loop waits for it to commit;
   - during an evaluation: the evaluation is abandoned (the final one is rerun
     by the next run), after the checkpoint of the step has committed.
-``bertjax.main`` calls ``catch_sigterm`` before its heavy imports, so a
-SIGTERM during start-up is remembered rather than fatal (exit 143). With
+``bertjax.main`` (and ``evaluate``, ``finetune``) calls ``catch_sigterm``
+before its heavy imports, with SIGTERM blocked across the restart before it
+(``host_memory``), so a SIGTERM during start-up is remembered rather than
+fatal (exit 143). With
 several processes (``jax.distributed``) JAX's preemption notifier takes
 SIGTERM from the end of ``jax.distributed.initialize`` on, and all stop after
 the same step, the run's first at the earliest; one remembered before the
@@ -131,9 +133,13 @@ def _on_sigint(signum, frame):
 
 
 def catch_sigterm() -> None:
-  """Remembers SIGTERM instead of dying of it (main thread only)."""
+  """Remembers SIGTERM instead of dying of it (main thread only); one that
+  waited, blocked across the restart ``host_memory.reexec_with_malloc_tunables``
+  did, is taken now."""
   if threading.current_thread() is threading.main_thread():
     signal.signal(signal.SIGTERM, _on_sigterm)
+    if hasattr(signal, "pthread_sigmask"):
+      signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 def _several_processes() -> bool:

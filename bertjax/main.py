@@ -7,17 +7,20 @@ Prepares the corpus and tokenizer into the workdir if they are missing, trains
 split. Override any config field with ``--config.FIELD=VALUE``.
 """
 
-from bertjax import guards
-
 # Before the heavy imports: a SIGTERM during start-up ends the run with
 # status 75 and a message, not with 143 (bertjax/guards.py). Only when run as
 # the program: prepare's worker processes (multiprocessing 'spawn') import this
 # module again as __mp_main__, and must die of the SIGTERM their pool sends.
 if __name__ == "__main__":
   # First of all: restart with malloc tunables that reuse XLA:CPU's per-step buffers
-  # (bertjax/host_memory.py); nothing has been done yet to be redone.
+  # (bertjax/host_memory.py); nothing has been done yet to be redone. SIGTERM
+  # waits, blocked, across the restart for the handler.
   from bertjax import host_memory
-  host_memory.reexec_with_malloc_tunables()
+  host_memory.reexec_with_malloc_tunables(hold_sigterm=True)
+
+from bertjax import guards  # noqa: E402
+
+if __name__ == "__main__":
   guards.catch_sigterm()
 
 import os  # noqa: E402

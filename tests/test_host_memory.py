@@ -100,6 +100,26 @@ def test_restart_keeps_process_arguments_and_environment(tmp_path):
                     "tunables": _malloc_tunables_here(), "mine": "kept"}
 
 
+@needs_restart
+def test_a_sigterm_while_the_restarted_process_starts_waits_for_the_handler(tmp_path):
+  # bertjax.main's handler is installed after the restart: a SIGTERM that came
+  # while the new interpreter started ended the run with status 143.
+  script = tmp_path / "probe.py"
+  script.write_text(textwrap.dedent("""
+      import os, signal
+      from bertjax import host_memory
+      host_memory.reexec_with_malloc_tunables(hold_sigterm=True)
+      assert os.environ.get("GLIBC_TUNABLES")  # the restarted process
+      os.kill(os.getpid(), signal.SIGTERM)  # before the handler, as a slow start
+      from bertjax import guards
+      guards.catch_sigterm()
+      print(guards.PreemptionWatcher.signalled())
+  """))
+  proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                        cwd=tmp_path, env=_child_env(), timeout=120)
+  assert (proc.returncode, proc.stdout) == (0, "True\n"), proc.stderr[-2000:]
+
+
 _FAULTS = textwrap.dedent("""
     import json, resource
     from bertjax import host_memory

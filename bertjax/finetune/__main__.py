@@ -15,7 +15,7 @@ line; run again to resume.
 # (exit 75 and one line, as bertjax.main); only when run as the program.
 if __name__ == "__main__":
   from bertjax import host_memory
-  host_memory.reexec_with_malloc_tunables()
+  host_memory.reexec_with_malloc_tunables(hold_sigterm=True)
 
 from bertjax import guards  # noqa: E402
 
