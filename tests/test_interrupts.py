@@ -140,3 +140,28 @@ def test_two_starts_within_one_second_keep_both_event_files(tmp_path, monkeypatc
   files = sorted(os.listdir(tmp_path / "tensorboard"))
   assert [read_scalars(tmp_path / "tensorboard" / f) for f in files] == [
       {"loss": {1: 1.0, 2: 2.0, 3: 3.0}}, {"loss": {3: 13.0, 4: 14.0}}]
+
+
+def test_an_export_stopped_midway_is_replaced_by_the_rerun(tmp_path, trained, monkeypatch):
+  # Its files were written before its manifest: the rerun (with --overwrite
+  # too) refused the directory as one holding no earlier export.
+  from bertjax.convert import export
+  from bertjax.convert import export_target
+  workdir, _ = trained
+  whole = export.export_hf(workdir, str(tmp_path / "whole"))
+  out = tmp_path / "hf"
+
+  def stopped(*args, **kwargs):
+    # The last file half-written (a temporary file not renamed yet), then
+    # the signal.
+    (out / ".tokenizer.json.tmp-1-2").write_text("{")
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(export_target, "write_manifest", stopped)
+  with pytest.raises(KeyboardInterrupt):
+    export.export_hf(workdir, str(out))
+  monkeypatch.undo()
+  assert export.export_hf(workdir, str(out)) == whole
+  assert sorted(os.listdir(out)) == sorted(os.listdir(tmp_path / "whole"))
+  for name in os.listdir(out):
+    assert (out / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name

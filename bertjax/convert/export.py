@@ -162,7 +162,7 @@ def export_hf(workdir: str, out_dir: str, step: int | None = None,
   companions = {}
   if hasattr(mapping, "split_companion"):  # ELECTRA's generator, see read_companion
     tensors, companions = mapping.split_companion(dims, pad_id, tensors)
-  export_target.remove_earlier(out_dir, earlier)
+  export_target.begin(out_dir, earlier, workdir, step)
   hf_files.write(out_dir, mapping.hf_config(dims, pad_id), tensors)
   written = [hf_files.CONFIG_FILE, hf_files.SAFETENSORS]
   for subdir, (companion_config, companion) in companions.items():

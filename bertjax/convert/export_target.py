@@ -9,6 +9,9 @@ The rule (also in docs/interop.md):
     export writes, listing its files): refused unless ``overwrite``; with it
     the files that manifest lists are removed first, so nothing stale of the
     earlier export stays (an ELECTRA's ``generator/`` under a BERT);
+  * a directory holding an unfinished export (stopped midway: SIGTERM,
+    Ctrl-C, a kill; ``begin`` wrote its manifest before any other file):
+    replaced, with or without ``overwrite``;
   * any other non-empty directory, or an earlier export beside which the
     user put a file of a name an export writes: refused. Nothing that an
     export did not write is ever deleted or overwritten.
@@ -51,16 +54,18 @@ def _is_bertjax_workdir(directory: epath.Path) -> bool:
   return config.is_file() and is_bertjax_config(config)
 
 
-def _earlier_files(directory: epath.Path) -> list[str] | None:
-  """The relative names an earlier export listed, or None if there is none."""
+def _earlier_files(directory: epath.Path) -> tuple[list[str] | None, bool]:
+  """(The relative names an earlier export listed, or None if there is none;
+  whether it is unfinished)."""
   manifest = directory / MANIFEST
   if not manifest.is_file():
-    return None
+    return None, False
   try:
-    files = json.loads(manifest.read_text())["files"]
+    record = json.loads(manifest.read_text())
+    files = record["files"]
   except (ValueError, KeyError, TypeError):
-    return None
-  return [str(f) for f in files]
+    return None, False
+  return [str(f) for f in files], bool(record.get("unfinished", False))
 
 
 def _exportable(name: str) -> bool:
@@ -91,12 +96,12 @@ def check(out_dir: str, workdir: str, overwrite: bool) -> list[str]:
     raise ValueError(
         f"--to_hf={out_dir} is a bertjax workdir, whose config.json the export "
         "would overwrite; pass --to_hf a new directory.")
-  earlier = _earlier_files(target)
+  earlier, unfinished = _earlier_files(target)
   if earlier is None:
     raise ValueError(
         f"--to_hf={out_dir} is a non-empty directory that holds no earlier "
         "bertjax export; pass --to_hf a new or empty directory.")
-  if not overwrite:
+  if not overwrite and not unfinished:
     raise ValueError(
         f"--to_hf={out_dir} holds an earlier export; pass --overwrite to replace "
         "it (only the files that export wrote are removed) or pass a new directory.")
@@ -113,16 +118,35 @@ def check(out_dir: str, workdir: str, overwrite: bool) -> list[str]:
 
 
 def remove_earlier(out_dir: str, files: Iterable[str]) -> None:
-  """Deletes an earlier export's files (``check``'s list), and ``generator/``
-  when that leaves it empty; nothing else."""
+  """Deletes an earlier export's files (``check``'s list), the temporary
+  files of them a stopped export left (``paths.write_bytes``'s
+  ``.<name>.tmp-*``), and ``generator/`` when that leaves it empty; nothing
+  else."""
   target = paths.path(out_dir)
   for name in files:
     path = target / name
     if path.is_file():
       path.unlink()
+    if path.parent.is_dir():
+      for tmp in path.parent.glob(f".{path.name}.tmp-*"):
+        tmp.unlink()
   generator = target / "generator"
   if generator.is_dir() and not any(generator.iterdir()):
     generator.rmdir()
+
+
+def begin(out_dir: str, earlier: Iterable[str], workdir: str, step: int) -> None:
+  """Removes an earlier export's files (``check``'s list), then records an
+  unfinished export, listing every name an export may write, before any is
+  written: one stopped midway is then replaced by the rerun (without it, the
+  rerun refused the directory as one of other files, with --overwrite too)."""
+  remove_earlier(out_dir, earlier)
+  paths.makedirs(out_dir)
+  every = sorted(n for n in _EXPORT_NAMES if n not in ("generator", MANIFEST))
+  every += [f"generator/{n}" for n in sorted(_COMPANION_NAMES)]
+  paths.write_json(paths.join(out_dir, MANIFEST), {
+      "files": every, "workdir": str(workdir), "step": int(step),
+      "unfinished": True}, indent=2)
 
 
 def write_manifest(out_dir: str, files: Iterable[str], workdir: str, step: int) -> None:

@@ -178,7 +178,7 @@ def export(workdir: str, out_dir: str, step: int | None = None,
                   label2id={n: i for i, n in enumerate(names)})
     if kind == "classification":
       config["problem_type"] = "single_label_classification"
-  export_target.remove_earlier(out_dir, earlier)
+  export_target.begin(out_dir, earlier, paths.absolute(workdir), saved.step)
   hf_files.write(out_dir, config, tensors)
   written = [workdir_lib.CONFIG_FILE, hf_files.SAFETENSORS]
   if not paths.isdir(paths.join(saved.init, "checkpoints")):  # an HF model directory
