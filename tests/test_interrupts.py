@@ -165,3 +165,28 @@ def test_an_export_stopped_midway_is_replaced_by_the_rerun(tmp_path, trained, mo
   assert sorted(os.listdir(out)) == sorted(os.listdir(tmp_path / "whole"))
   for name in os.listdir(out):
     assert (out / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
+
+
+def _sigterm_pending_at_start():
+  """preexec_fn: SIGTERM blocked in the child, so that one sent at once waits
+  for the program's handler: a SIGTERM during its start-up, deterministically."""
+  signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+
+def test_sigterm_while_a_study_starts_stops_it_before_the_first_step(tmp_path, demo_data):
+  # It died of a SIGTERM outside the train loops (143, no word).
+  workdir = tmp_path / "study"
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "bertjax.study", "--configs=bert", "--flops=1e12",
+       f"--workdir={workdir}", "--tasks=", f"--set=data_dir={demo_data.data_dir}",
+       "--set=batch_size=16", "--set=seq_len=64"], cwd=ROOT, stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True, preexec_fn=_sigterm_pending_at_start)
+  proc.send_signal(signal.SIGTERM)
+  out, err = proc.communicate(timeout=300)
+  assert proc.returncode == guards.EXIT_PREEMPTED, err[-3000:]
+  assert out.strip().splitlines()[-1] == (
+      "Preempted before the first step; nothing new to save (no checkpoint yet), "
+      "run the same command again to go on.")
+  assert "Traceback" not in err
+  assert not (workdir / "bert" / "checkpoints").exists() or not os.listdir(
+      workdir / "bert" / "checkpoints")

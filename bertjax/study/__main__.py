@@ -13,15 +13,22 @@ not redone). Needs matplotlib (``pip install matplotlib``; in a checkout,
 """
 
 # Restart with malloc tunables that reuse XLA:CPU's per-step buffers before the heavy
-# imports (bertjax/host_memory.py); only when run as the program.
+# imports (bertjax/host_memory.py), then remember SIGTERM rather than die of it:
+# the next run (pretraining or fine-tuning) stops before its first step, exit 75
+# and one line, as bertjax.main; only when run as the program.
 if __name__ == "__main__":
   from bertjax import host_memory
-  host_memory.reexec_with_malloc_tunables()
+  host_memory.reexec_with_malloc_tunables(hold_sigterm=True)
 
-from absl import app
-from absl import flags
+from bertjax import guards  # noqa: E402
 
-from bertjax import cli
+if __name__ == "__main__":
+  guards.catch_sigterm()
+
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+
+from bertjax import cli  # noqa: E402
 
 _CONFIGS = flags.DEFINE_list(
     "configs", None, "Pretraining configs: names of configs/<name>.py (bertjax's own "
