@@ -190,3 +190,20 @@ def test_sigterm_while_a_study_starts_stops_it_before_the_first_step(tmp_path, d
   assert "Traceback" not in err
   assert not (workdir / "bert" / "checkpoints").exists() or not os.listdir(
       workdir / "bert" / "checkpoints")
+
+
+def test_an_import_stopped_midway_leaves_no_stage_after_the_rerun(tmp_path, trained):
+  # A SIGTERM or kill skips the stage's clean-up; its checkpoint (the model
+  # and its optimizer state) stayed in the workdir for good.
+  from bertjax import config_files
+  from bertjax.convert import export
+  from bertjax.convert import workdir as workdir_lib
+  source, _ = trained
+  export.export_hf(source, str(tmp_path / "hf"))
+  workdir = tmp_path / "imported"
+  stale = workdir / f"{workdir_lib.STAGING_PREFIX}0123456789ab"
+  (stale / "checkpoints" / "0").mkdir(parents=True)  # as the stopped import left it
+  (stale / "checkpoints" / "0" / "state").write_bytes(b"\0" * 1024)
+  workdir_lib.import_hf(str(tmp_path / "hf"), str(workdir),
+                        config_files.shipped("bert").get_config("tiny"))
+  assert sorted(os.listdir(workdir)) == ["checkpoints", "config.json", "tokenizer"]

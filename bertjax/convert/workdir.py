@@ -24,7 +24,9 @@ one filesystem) and moved into place only once the checkpoint is saved. A
 refused import leaves the workdir as it was, and one that did not exist is not
 created. Entries of the import's names already in the workdir (left by an
 interrupted import: ``tokenizer/``, ``config.json``, an empty
-``checkpoints/``) are replaced whole on success.
+``checkpoints/``) are replaced whole on success, and the staging directories
+of imports that were stopped (SIGTERM, a kill: nothing removes them then) are
+removed first.
 
 Refused before anything is read or written (``_check_target``): a workdir
 that is the HF model directory or lies inside it (an import never writes
@@ -241,6 +243,12 @@ def _staging(workdir: epath.Path) -> Iterator[epath.Path]:
       break
     created = path
   workdir.mkdir(parents=True, exist_ok=True)
+  # Stopped imports' stages (their checkpoint, as large as the model and its
+  # optimizer state, stayed for good); this workdir has no checkpoint, so
+  # no import into it has finished.
+  for stale in workdir.glob(f"{STAGING_PREFIX}*"):
+    logging.info("Removing %s, left by an import that was stopped.", stale)
+    stale.rmtree()
   stage = workdir / f"{STAGING_PREFIX}{uuid.uuid4().hex[:12]}"
   stage.mkdir()
   try:
