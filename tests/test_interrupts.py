@@ -207,3 +207,19 @@ def test_an_import_stopped_midway_leaves_no_stage_after_the_rerun(tmp_path, trai
   workdir_lib.import_hf(str(tmp_path / "hf"), str(workdir),
                         config_files.shipped("bert").get_config("tiny"))
   assert sorted(os.listdir(workdir)) == ["checkpoints", "config.json", "tokenizer"]
+
+
+def test_sigterm_while_fill_mask_loads_exits_75_in_one_line(trained):
+  # evaluate remembers SIGTERM from its first line on: --fill_mask must
+  # still stop on it, not print and exit 0 as if none had come.
+  workdir, _ = trained
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "bertjax.evaluate", f"--workdir={workdir}",
+       "--fill_mask=The [MASK] returns a value."], cwd=ROOT, stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True, preexec_fn=_sigterm_pending_at_start)
+  proc.send_signal(signal.SIGTERM)
+  out, err = proc.communicate(timeout=300)
+  assert proc.returncode == guards.EXIT_PREEMPTED, err[-3000:]
+  assert out.strip().splitlines() == [
+      "Preempted before the fillings were printed; nothing written, run the same "
+      "command again."]
