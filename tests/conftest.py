@@ -82,7 +82,8 @@ _LONG_FILES = (
     "test_finetune_unanswerable.py", "test_gcs.py", "test_finetune_minilm.py",
     "test_multiprocess.py",
     "test_study.py", "test_notebooks.py", "test_attention_impl.py",
-    "test_finetune_inputs.py", "test_electra.py", "test_resume_faults.py",
+    "test_finetune_inputs.py", "test_interrupts.py", "test_electra.py",
+    "test_resume_faults.py",
     "test_train.py", "test_xlnet_memory.py", "test_unilm.py", "test_install.py",
     "test_deberta.py", "test_electra_learning.py",
 )

@@ -337,8 +337,7 @@ def _run_held(cfg, task, fields, loaded, tokenizer, train_feats, eval_feats, to_
 
   with contextlib.closing(preemption):
     try:
-      # A SIGTERM remembered while the run started: nothing new to save.
-      if preemption.before_first_step():
+      if preemption.before_first_step():  # during start-up: nothing new to save
         raise guards.Preempted.before_first_step(None if restored is None else step)
       with sharding.use_mesh(mesh):
         if _epoch_end_unevaluated(cfg, step, workdir_path):  # stopped there before
