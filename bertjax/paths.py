@@ -188,6 +188,43 @@ def file_stamp(p: str | os.PathLike) -> str:
   return f"{st.st_size}:{st.st_mtime_ns}:{digest.hexdigest()[:16]}"
 
 
+# A ctime older than its stamp by more than this (coarser than any filesystem's
+# time granularity) proves, while unchanged, that the content is unchanged.
+_CTIME_MARGIN_NS = 2_000_000_000
+
+
+def stamp_with_ctime(p: str | os.PathLike) -> tuple[str, int | None]:
+  """``file_stamp(p)`` and the local file's ``st_ctime_ns`` when it may stand
+  for it later (see ``same_stamp``), else None (a URL; a file changed within
+  two seconds of the stamp, whose next edit could keep a coarse ctime)."""
+  if is_remote(p):
+    return file_stamp(p), None
+  # Taken before the content is sampled: an edit after it changes the ctime.
+  ctime = os.stat(absolute(p)).st_ctime_ns
+  stamp = file_stamp(p)
+  return stamp, ctime if ctime < time.time_ns() - _CTIME_MARGIN_NS else None
+
+
+def same_stamp(p: str | os.PathLike, stamp: str, ctime: int | None) -> bool:
+  """Whether the file ``p`` still has the content ``stamp`` (from
+  ``stamp_with_ctime``), reading no content where it can: nothing changes a
+  local file (a write, ``touch -r``, ``rsync -t``, a rename over it) without
+  setting its ctime to the present, which no tool can put back, so an
+  unchanged size, mtime and ctime is proof; else the stamp is taken again."""
+  if ctime is not None and not is_remote(p):
+    try:
+      st = os.stat(absolute(p))
+    except OSError:
+      return False
+    if st.st_ctime_ns == ctime and f"{st.st_size}:{st.st_mtime_ns}:" == (
+        stamp.rsplit(":", 1)[0] + ":"):
+      return True
+  try:
+    return file_stamp(p) == stamp
+  except OSError:
+    return False
+
+
 def read_text(p: str | os.PathLike) -> str:
   return path(p).read_text(encoding="utf-8")
 

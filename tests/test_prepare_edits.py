@@ -168,3 +168,98 @@ def test_a_damaged_demo_dataset_names_repair_which_makes_it_again(demo_config, t
   assert shards.remove_damaged(reports) == [dataset_dir]
   text_sources.text_sources(demo_config, data_dir, _ENGINE)
   assert _shards(dataset_dir) == before
+
+
+def _same_size_edit_keeping_mtime(path):
+  """Edits ``path`` in place to the same size and puts its mtime back to the
+  nanosecond, as `touch -r`, rsync -t or an edit in the same second do."""
+  old, stat = path.read_bytes(), path.stat()
+  new = old.replace(b"the ", b"THE ", 1)
+  assert new != old and len(new) == len(old)
+  path.write_bytes(new)
+  os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+  assert path.stat().st_mtime_ns == stat.st_mtime_ns
+
+
+@pytest.mark.parametrize("ctime_margin", ["default", "zero"])
+def test_a_same_size_edit_keeping_the_mtime_of_a_prepared_text_is_warned(
+    demo_config, tmp_path, monkeypatch, caplog, ctime_margin):
+  """A finished text dataset reused after an edit that kept size and mtime:
+  the warning that names edited files comes, as for any same-size edit.
+  'zero' makes every recorded ctime usable, as it is for files older than
+  the prepare by two seconds; 'default' files were written just now."""
+  from bertjax import paths
+  if ctime_margin == "zero":
+    monkeypatch.setattr(paths, "_CTIME_MARGIN_NS", 0)
+  src = tmp_path / "src"
+  src.mkdir()
+  corpus_files.write_topic_files(src)
+  config = _config(demo_config, f"{src}/*.txt")
+  data_dir = str(tmp_path / "data")
+  dataset_dir = text_sources.local_text_dir(data_dir, config.dataset)
+  text_sources.text_sources(config, data_dir, _ENGINE)
+  before = _shards(dataset_dir)
+
+  with caplog.at_level(logging.WARNING):
+    text_sources.text_sources(config, data_dir, _ENGINE)
+  assert "were modified after" not in caplog.text
+  first = sorted(src.glob("*.txt"))[0]
+  _same_size_edit_keeping_mtime(first)
+  with caplog.at_level(logging.WARNING):
+    text_sources.text_sources(config, data_dir, _ENGINE)
+  assert "1 of the text files were modified after" in caplog.text
+  assert str(first) in caplog.text
+  assert _shards(dataset_dir) == before
+
+
+def test_an_unchanged_prepared_text_is_checked_without_reading_old_files(
+    demo_config, tmp_path, monkeypatch, caplog):
+  """Files whose ctime predates the prepare are not read again on reuse
+  while their size, mtime and ctime are unchanged (one stat each)."""
+  from bertjax import paths
+  monkeypatch.setattr(paths, "_CTIME_MARGIN_NS", 0)
+  src = tmp_path / "src"
+  src.mkdir()
+  corpus_files.write_topic_files(src)
+  config = _config(demo_config, f"{src}/*.txt")
+  data_dir = str(tmp_path / "data")
+  text_sources.text_sources(config, data_dir, _ENGINE)
+  stamp, stamped = paths.file_stamp, []
+  monkeypatch.setattr(paths, "file_stamp", lambda p: stamped.append(p) or stamp(p))
+  with caplog.at_level(logging.WARNING):
+    text_sources.text_sources(config, data_dir, _ENGINE)
+  assert stamped == [] and "were modified after" not in caplog.text
+
+
+def test_a_text_dataset_prepared_before_stamps_keeps_the_mtime_check(
+    demo_config, tmp_path, caplog):
+  """A dataset whose record lists (path, size, mtime) only, as bertjax made
+  before content stamps: reused with no warning while unchanged, warned of
+  a later mtime as before (an edit that keeps the mtime goes unseen)."""
+  src = tmp_path / "src"
+  src.mkdir()
+  corpus_files.write_topic_files(src)
+  config = _config(demo_config, f"{src}/*.txt")
+  data_dir = str(tmp_path / "data")
+  dataset_dir = text_sources.local_text_dir(data_dir, config.dataset)
+  text_sources.text_sources(config, data_dir, _ENGINE)
+  record = os.path.join(dataset_dir, "metadata.json")
+  with open(record) as f:
+    metadata = json.load(f)
+  assert all(len(f) == 5 for f in metadata["files"])
+  metadata["files"] = [f[:3] for f in metadata["files"]]
+  with open(record, "w") as f:
+    json.dump(metadata, f)
+
+  first = sorted(src.glob("*.txt"))[0]
+  with caplog.at_level(logging.WARNING):
+    text_sources.text_sources(config, data_dir, _ENGINE)
+  _same_size_edit_keeping_mtime(first)
+  with caplog.at_level(logging.WARNING):
+    text_sources.text_sources(config, data_dir, _ENGINE)
+  assert "were modified after" not in caplog.text
+  stat = first.stat()
+  os.utime(first, (stat.st_atime, stat.st_mtime + 100))
+  with caplog.at_level(logging.WARNING):
+    text_sources.text_sources(config, data_dir, _ENGINE)
+  assert "1 of the text files were modified after" in caplog.text

@@ -197,10 +197,16 @@ def _changed_files(stored: dict[str, Any], files: list[tuple[str, int, int]]) ->
 
 def _warn_if_edited(stored: dict[str, Any], files: list[tuple[str, int, int]],
                     dataset_dir: str) -> None:
-  """Warns when files of the same paths and sizes were modified after the
-  text was prepared from them (recorded since the per-file list has times)."""
-  then = {f[0]: f[2] for f in stored.get("files", []) if len(f) > 2}
-  edited = [p for p, _, mtime in files if p in then and mtime > then[p]]
+  """Warns when files of the same paths and sizes were edited after the text
+  was prepared from them. Judged by each file's content stamp where the record
+  has one (``paths.same_stamp``: an edit in the second of the prepare, or one
+  that put the mtime back, included; no content read while the file's ctime
+  is unchanged); in a dataset prepared before stamps were recorded, by a
+  whole-second mtime later than the recorded one, as then."""
+  then = {f[0]: f for f in stored.get("files", []) if len(f) > 2}
+  edited = [p for p, _, mtime in files if p in then and (
+      not paths.same_stamp(p, then[p][3], then[p][4]) if len(then[p]) > 4
+      else mtime > then[p][2])]
   if edited:
     logging.warning(
         "%d of the text files were modified after %s was prepared from them "
@@ -278,7 +284,8 @@ def _local_text(config, data_dir: str, engine: Engine) -> str:
   start = time.time()
   # The plan names each file's content stamp, not just its size: a unit an
   # interrupted prepare staged is reused only while its files are unchanged.
-  stamps = {f[0]: paths.file_stamp(f[0]) for f in files}
+  stamped = {f[0]: paths.stamp_with_ctime(f[0]) for f in files}
+  stamps = {p: stamp for p, (stamp, _) in stamped.items()}
   content = hashlib.sha256(json.dumps(stamps, sort_keys=True).encode()).hexdigest()
   # 'whole-files': units of the receipts that report bad files by name.
   plan = hashlib.sha256(
@@ -328,8 +335,9 @@ def _local_text(config, data_dir: str, engine: Engine) -> str:
   stage.publish(len(tasks), ["train", "validation"], builders.text_features(), {
       "text_files": text_files, "files_fingerprint": fingerprint,
       # The per-file list names what changed when the files do (up to a size
-      # a metadata file carries well).
-      **({"files": [list(f) for f in files]} if len(files) <= _LISTED_FILES else {}),
+      # a metadata file carries well): path, size, mtime, content stamp, ctime.
+      **({"files": [[*f, *stamped[f[0]]] for f in files]}
+         if len(files) <= _LISTED_FILES else {}),
       "num_sentences": sentences}, "The user's text files, split into sentences.")
   logging.info("Built %s in %.1f s: %d documents from %d files.", config.dataset,
                time.time() - start, docs, len(found))
