@@ -22,6 +22,8 @@ import json
 import os
 from typing import Any, Callable
 
+from bertjax import paths
+
 COORDINATOR = "JAX_COORDINATOR_ADDRESS"
 NUM_PROCESSES = "JAX_NUM_PROCESSES"
 PROCESS_ID = "JAX_PROCESS_ID"
@@ -268,6 +270,36 @@ _ARGUMENT_FIXES = {
 }
 
 
+# Config fields that hold paths (comma-separated where several), each read
+# from the process's own working directory when relative: compared as the
+# path layer makes them absolute on each host, as the workdir is, so that one
+# relative path started from two directories is refused (the hosts would read
+# different files) and two spellings of one absolute path are not.
+_PATH_FIELDS = ("text_files", "tokenizer_path", "hf_kept_tensors", "tfds_data_dir",
+                "train_files", "eval_files", "predict_files")
+
+
+def _absolute_list(text: str) -> str:
+  """'a.txt, /x/../b/*.txt' -> '/cwd/a.txt,/b/*.txt' (URLs kept as given)."""
+  return ",".join(paths.absolute(p.strip()) if p.strip() else "" for p in text.split(","))
+
+
+def comparable(config: dict[str, Any]) -> dict[str, Any]:
+  """``config`` with its path fields, and the ``text_files=`` options of its
+  ``mixture`` entries, made absolute as this process reads them."""
+  out = dict(config)
+  for name in _PATH_FIELDS:
+    if isinstance(out.get(name), str) and out[name]:
+      out[name] = _absolute_list(out[name])
+  if isinstance(out.get("mixture"), str) and out["mixture"].strip():
+    out["mixture"] = "; ".join(
+        " ".join("text_files=" + _absolute_list(option.partition("=")[2])
+                 if option.startswith("text_files=") else option
+                 for option in entry.split())
+        for entry in out["mixture"].split(";"))
+  return out
+
+
 def _difference(mine: dict, theirs: dict, index: int, other: int) -> str | None:
   """The sentence naming the first argument, then config field, that differs
   between process ``index`` (``mine``) and ``other`` (``theirs``), or None."""
@@ -284,10 +316,13 @@ def _difference(mine: dict, theirs: dict, index: int, other: int) -> str | None:
   if field is None:
     return None
   values = {index: a.get(field), other: b.get(field)}
+  fix = ("start every process with the same --config and --config.FIELD flags"
+         if field not in _PATH_FIELDS + ("mixture",) else
+         f"give every process the same config.{field}, with absolute or gs:// "
+         "paths (a relative one is read from each process's working directory)")
   return (f"Process {first} and process {second} were started with different "
           f"configs: config.{field} is {values[first]!r} on process {first} and "
-          f"{values[second]!r} on process {second}; start every process with the "
-          "same --config and --config.FIELD flags.")
+          f"{values[second]!r} on process {second}; {fix}.")
 
 
 def check_same_run(config: dict[str, Any], args: dict[str, Any],
@@ -310,7 +345,8 @@ def check_same_run(config: dict[str, Any], args: dict[str, Any],
   verdict carries it to every process, so that all stop before the first step.
 
   Args:
-    config: the run's config as a dict (``ConfigDict.to_dict()``).
+    config: the run's config as a dict (``ConfigDict.to_dict()``); its path
+      fields are compared made absolute on this host (``comparable``).
     args: the run's other arguments that every process must share, by flag
       name, e.g. ``{"workdir": ...}``: paths as the path layer normalised them
       on this host (``paths.absolute``; local symlinks are not resolved, one
@@ -332,7 +368,8 @@ def check_same_run(config: dict[str, Any], args: dict[str, Any],
   call = next(_calls)
   index = jax.process_index()
   # The config's data_dir is compared as the caller resolved it, in ``args``.
-  config = {k: v for k, v in config.items() if k not in args}
+  # Path fields as this host resolves them (``comparable``).
+  config = {k: v for k, v in comparable(config).items() if k not in args}
   mine = {"config": json.loads(json.dumps(config, sort_keys=True, default=str)),
           "args": args, "signalled": bool(signalled)}
   client.key_value_set(f"bertjax/run/{call}/{index}", json.dumps(mine, default=str))

@@ -101,16 +101,22 @@ def test_a_failure_on_process_0_stops_the_others_with_its_message(as_process):
   assert not ran
 
 
-def _exchange(as_process, given):
+def _exchange(as_process, given, cwds=None):
   """``check_same_run`` on process 1, then 0, then 1 again, on one fake store:
-  ``given[i]`` = (config, args, signalled) of process ``i``. Returns each
-  process's outcome, the list returned or the exception raised."""
+  ``given[i]`` = (config, args, signalled) of process ``i``, started in the
+  working directory ``cwds[i]`` if given. Returns each process's outcome,
+  the list returned or the exception raised."""
+  def enter(index):
+    if cwds:
+      os.chdir(cwds[index])
   client = as_process(1)
+  enter(1)
   with pytest.raises(KeyError):  # process 1 waits for process 0's verdict
     multihost.check_same_run(*given[1])
   outcomes = []
   for index in (0, 1):
     client = as_process(index, client.values)
+    enter(index)
     try:
       outcomes.append(multihost.check_same_run(*given[index]))
     except ValueError as e:
@@ -142,6 +148,44 @@ def test_processes_started_with_different_workdirs_are_refused(as_process):
   given = [({**config, "data_dir": "gs://b/data/"}, given[0][1], False),
            (config, given[0][1], False)]
   assert _exchange(as_process, given) == [[], []]
+
+
+@pytest.mark.parametrize("field,value", [
+    ("text_files", "corpus/*.txt,extra.txt"),
+    ("tokenizer_path", "tok"),
+    ("train_files", "train.csv"),
+    ("predict_files", "a.jsonl, b.jsonl"),
+    ("mixture", "pg19 weight=2; bertjax_local_text text_files=corpus/*.txt"),
+])
+def test_a_relative_path_started_from_two_directories_is_refused(
+    as_process, tmp_path, monkeypatch, field, value):
+  """The same relative path in a config field names other files on a host
+  started elsewhere: refused, naming both absolute paths; started from one
+  directory, or given the same absolute path spelt two ways, accepted."""
+  monkeypatch.chdir(tmp_path)  # os.chdir below is undone with it
+  here, there = tmp_path / "here", tmp_path / "there"
+  here.mkdir()
+  there.mkdir()
+  run = ({"seed": 0, field: value}, {"workdir": "/w"}, False)
+  for e in _exchange(as_process, [run, run], [here, there]):
+    assert isinstance(e, ValueError), e
+    message = str(e)
+    assert f"configs: config.{field} is " in message
+    assert str(here) in message and str(there) in message
+    assert "a relative one is read from each process's working directory" in message
+  assert _exchange(as_process, [run, run], [here, here]) == [[], []]
+
+  spelt = value.replace("corpus/", "corpus//./").replace("tok", "./tok/").replace(
+      "train.csv", "x/../train.csv").replace("a.jsonl", "./a.jsonl")
+  assert spelt != value
+  moved = ({"seed": 0, field: spelt}, run[1], False)
+  assert _exchange(as_process, [run, moved], [here, here]) == [[], []]
+  # One host given the absolute path, the other the relative one from there.
+  absolute = {"text_files": f"{here}/corpus/*.txt,{here}/extra.txt",
+              "mixture": f"pg19 weight=2; bertjax_local_text text_files={here}/corpus/*.txt"}
+  if field in absolute:
+    given = ({"seed": 0, field: absolute[field]}, run[1], False)
+    assert _exchange(as_process, [given, run], [there, here]) == [[], []]
 
 
 def test_train_compares_the_normalised_workdir_before_anything_is_written(
