@@ -20,6 +20,7 @@ object store is decided here and nowhere else:
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -33,8 +34,9 @@ from etils import epath
 # trusted once these exist, so a push cut short is never taken for data.
 MARKERS = ("dataset_info.json", "features.json", "bertjax_shards.json")
 _SKIP_DIRS = (".staging",)
-# Files smaller than this are copied even when the sizes agree.
-_ALWAYS_COPY_BELOW = 1 << 16
+# Files smaller than this (records, markers, which may change at the same
+# size) are compared by content hash when the sizes agree.
+_COMPARE_BELOW = 1 << 16
 
 
 def is_remote(path: str | os.PathLike) -> bool:
@@ -375,14 +377,56 @@ def _tmp_name(name: str) -> str:
   return f".{name}.tmp-{os.getpid()}-{threading.get_ident()}"
 
 
+def _listing(root: str, staging: bool) -> dict[str, tuple[int, bytes | None]]:
+  """``relative path -> (size, md5 or None)`` of the files under ``root``
+  (staging directories only with ``staging``). On an object store, one
+  fresh recursive listing, which carries each object's size and md5 (no
+  download, and nothing another process wrote since is missed); locally the
+  md5 is left None, to be hashed only where needed."""
+  if not is_remote(root):
+    return {rel: (size, None) for rel, size in walk_files(root, staging=staging)}
+  import fsspec  # pylint: disable=g-import-not-at-top  (gcsfs comes with it)
+  fs, inner = fsspec.core.url_to_fs(root)
+  fs.invalidate_cache(inner)
+  try:
+    found = fs.find(inner, detail=True)
+  except FileNotFoundError:
+    return {}
+  out = {}
+  for name, info in found.items():
+    rel = os.path.relpath(name, inner)
+    parts = rel.split(os.sep)
+    if info.get("type") == "directory" or rel.startswith(".."):
+      continue
+    if not staging and any(part in _SKIP_DIRS for part in parts[:-1]):
+      continue
+    md5 = info.get("md5Hash")
+    out[rel] = (int(info.get("size") or 0), base64.b64decode(md5) if md5 else None)
+  return out
+
+
+def _same_content(a: str, a_md5: bytes | None, b: str, b_md5: bytes | None) -> bool:
+  """Whether the files ``a`` and ``b`` (of one size, under ``_COMPARE_BELOW``)
+  hold the same bytes, by their md5s (a local file's hashed here)."""
+  try:
+    digests = [md5 if md5 is not None or is_remote(p) else
+               hashlib.md5(path(p).read_bytes()).digest()
+               for p, md5 in ((a, a_md5), (b, b_md5))]
+  except OSError:
+    return False
+  return digests[0] is not None and digests[0] == digests[1]
+
+
 def _copy_tree(src: str, dst: str, staging: bool = False) -> int:
-  """Copies files of ``src`` missing in ``dst`` or of another size, and every
-  small file (records and markers may change at the same size); markers last.
-  Staging directories only with ``staging``. Returns the number of files
-  copied."""
-  have = dict(walk_files(dst, staging=staging))
-  todo = [(rel, size) for rel, size in walk_files(src, staging=staging)
-          if have.get(rel) != size or size < _ALWAYS_COPY_BELOW]
+  """Copies files of ``src`` missing in ``dst`` or of another size, and small
+  files of the same size whose content differs (records and markers may
+  change at the same size; hashes read from the listing, so an unchanged
+  mirror costs no download); markers last. Staging directories only with
+  ``staging``. Returns the number of files copied."""
+  have = _listing(dst, staging)
+  todo = [(rel, size) for rel, (size, md5) in sorted(_listing(src, staging).items())
+          if have.get(rel, (None,))[0] != size or (size < _COMPARE_BELOW and not (
+              _same_content(join(src, rel), md5, join(dst, rel), have[rel][1])))]
   todo.sort(key=lambda item: (os.path.basename(item[0]) in MARKERS, item[0]))
   for rel, _ in todo:
     target = path(dst) / rel

@@ -50,6 +50,14 @@ class _Handler(emu_server.RequestHandler):
   """The emulator's handler with GCS's generation, offset and move semantics."""
 
   protocol_version = "HTTP/1.0"
+  # (method, path with query) of every request, in order (``Emulator.requests``).
+  requests: list[tuple[str, str]]
+
+  def parse_request(self):
+    ok = super().parse_request()
+    if ok:
+      self.requests.append((self.command, self.path))
+    return ok
 
   def _generation(self, bucket, name):
     try:
@@ -194,8 +202,10 @@ class Emulator:
     self.url = f"http://127.0.0.1:{self.port}"
     self._storage = Storage(use_memory_fs=True)
     buckets.create_bucket(bucket, self._storage)
+    self.requests: list[tuple[str, str]] = []
+    handler = type("_Logged", (_Handler,), {"requests": self.requests})
     self._httpd = http_server.ThreadingHTTPServer(
-        ("127.0.0.1", self.port), partial(_Handler, self._storage))
+        ("127.0.0.1", self.port), partial(handler, self._storage))
     self._lock = threading.Lock()
     handle = self._httpd.finish_request
 
@@ -231,6 +241,18 @@ class Emulator:
   def object_names(self) -> list[str]:
     files, _ = self._storage.get_file_list(self.bucket, None, None, None)
     return sorted(f["name"] for f in files)
+
+  def downloads(self) -> list[str]:
+    """The object names whose content was read (media GETs), in order."""
+    names = []
+    for method, url in self.requests:
+      parsed = urlparse(url)
+      target = _split_object(parsed.path, _DOWNLOAD) or (
+          _split_object(parsed.path, _API)
+          if parse_qs(parsed.query).get("alt") == ["media"] else None)
+      if method == "GET" and target and target[1]:
+        names.append(target[1])
+    return names
 
   def stop(self) -> None:
     self._httpd.shutdown()

@@ -446,3 +446,34 @@ def test_a_same_size_overwrite_of_a_gs_text_file_changes_its_stamp(gcs):
   assert paths.file_stamp(text) == before
   paths.write_text(text, "The SAME size. One sentence.")
   assert paths.file_stamp(text) != before
+
+
+def test_a_warm_mirror_of_a_gs_data_dir_is_not_fetched_again(gcs, tmp_path):
+  """A resumed run's pull of an unchanged gs:// data_dir downloads nothing
+  (its small records and markers used to be fetched on every start, by every
+  process), and process 0's push uploads nothing; a small file rewritten to
+  the same size in the bucket is still fetched, alone."""
+  from bertjax import paths
+  remote = f"gs://{gcs.bucket}/warm"
+  made = tmp_path / "made"
+  for rel, text in (("a/dataset_info.json", '{"n": 1}'), ("a/metadata.json", "{}"),
+                    ("a/shard-00000", "x" * 70_000), ("tokenizers/t.model", "model")):
+    (made / rel).parent.mkdir(parents=True, exist_ok=True)
+    (made / rel).write_text(text)
+  assert paths.push(made, remote) == 4
+  mirror = str(tmp_path / "mirror")
+  gcs.requests.clear()
+  assert paths.pull(remote, mirror) == 4
+  assert len(gcs.downloads()) == 4
+
+  gcs.requests.clear()
+  assert paths.pull(remote, mirror) == 0
+  assert paths.push(mirror, remote) == 0
+  assert gcs.downloads() == []
+  assert [m for m, _ in gcs.requests if m != "GET"] == []  # no upload
+
+  paths.write_text(f"{remote}/a/dataset_info.json", '{"n": 2}')
+  gcs.requests.clear()
+  assert paths.pull(remote, mirror) == 1
+  assert gcs.downloads() == ["warm/a/dataset_info.json"]
+  assert (tmp_path / "mirror" / "a" / "dataset_info.json").read_text() == '{"n": 2}'
