@@ -396,7 +396,7 @@ def _listing(root: str, staging: bool) -> dict[str, tuple[int, bytes | None]]:
   for name, info in found.items():
     rel = os.path.relpath(name, inner)
     parts = rel.split(os.sep)
-    if info.get("type") == "directory" or rel.startswith(".."):
+    if info.get("type") == "directory" or rel == "." or rel.startswith(".."):
       continue
     if not staging and any(part in _SKIP_DIRS for part in parts[:-1]):
       continue
