@@ -287,9 +287,10 @@ def _local_text(config, data_dir: str, engine: Engine) -> str:
   stamped = {f[0]: paths.stamp_with_ctime(f[0]) for f in files}
   stamps = {p: stamp for p, (stamp, _) in stamped.items()}
   content = hashlib.sha256(json.dumps(stamps, sort_keys=True).encode()).hexdigest()
-  # 'whole-files': units of the receipts that report bad files by name.
+  # 'whole-files': units of the receipts that report bad files by name;
+  # 'no-bom': units that drop a UTF-8 byte-order mark.
   plan = hashlib.sha256(
-      f"{fingerprint}|{content}|{cfg}|{engine.block_bytes}|whole-files".encode()
+      f"{fingerprint}|{content}|{cfg}|{engine.block_bytes}|whole-files|no-bom".encode()
   ).hexdigest()[:16]
   stage = staged.Stage(dataset_dir, "bertjax_local_text", plan)
   _warn_if_restarted(stage, stamps)

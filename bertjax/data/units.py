@@ -262,6 +262,10 @@ def _decode(piece: Piece, data: bytes) -> tuple[str | None, tuple[str, int] | No
   """``bad_text_files.decode`` of a piece, its finding's offset in the file."""
   text, found = bad_text_files.decode(data)
   if found is None:
+    # A UTF-8 byte-order mark (Windows editors write one) is no text: kept,
+    # it made the file's first word another token than everywhere else.
+    if piece.start == 0 and text.startswith("\ufeff"):
+      text = text[1:]
     return text, None
   if found[0] == bad_text_files.BINARY and _utf16_file(piece, data):
     return None, (bad_text_files.UTF16, 0)

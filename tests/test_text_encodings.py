@@ -1,0 +1,42 @@
+"""Text files as editors and other systems write them: what prepare's text
+dataset holds of a byte-order mark, CRLF line ends and such."""
+
+import corpus_files
+from bertjax.data import text_sources
+
+_ENGINE = text_sources.Engine(workers=1, block_bytes=8 << 20)  # no file cut
+
+
+def _config(demo_config, text_files):
+  config = demo_config.copy_and_resolve_references()
+  config.dataset = "bertjax_local_text"
+  config.text_files = text_files
+  return config
+
+
+def _documents(config, data_dir):
+  """document id -> its sentences, of both splits."""
+  out = {}
+  for split in text_sources.text_sources(config, data_dir, _ENGINE).values():
+    source = split.source.open()
+    for i in range(len(source)):
+      example = source[i]
+      out[example["id"].decode()] = [s.decode() for s in example["sentences"]]
+  return out
+
+
+def test_a_utf8_byte_order_mark_is_not_text(demo_config, tmp_path):
+  """A file saved with a BOM (Notepad's "UTF-8 with BOM") and CRLF line ends
+  gives the sentences of the same text saved without them; the BOM used to
+  stick to the file's first word."""
+  plain, marked = tmp_path / "plain", tmp_path / "marked"
+  plain.mkdir()
+  corpus_files.write_topic_files(plain)
+  marked.mkdir()
+  for f in sorted(plain.glob("*.txt")):
+    text = f.read_text().replace("\n", "\r\n")
+    (marked / f.name).write_bytes(b"\xef\xbb\xbf" + text.encode())
+  want = _documents(_config(demo_config, f"{plain}/*.txt"), str(tmp_path / "a"))
+  got = _documents(_config(demo_config, f"{marked}/*.txt"), str(tmp_path / "b"))
+  assert got == want
+  assert not any(s.startswith("\ufeff") for doc in got.values() for s in doc)
