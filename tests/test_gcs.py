@@ -378,7 +378,12 @@ def test_verify_and_repair_of_a_gs_data_dir_check_the_bucket(gcs, demo_config, t
   corpus_files.write_topic_files(local_text)
   config = _text_config(demo_config, f"{local_text}/[a-c]*.txt", prepare_workers=1)
   data_dir = f"gs://{gcs.bucket}/verified"
+  assert [what for what, _ in prepare.unprepared(config, data_dir)] == [
+      "text dataset bertjax_local_text", "tokenizer", "tokenized dataset"]
   prepare.prepare(config, data_dir)
+  # --verify's list of what is missing: nothing (the tokenizer in the bucket
+  # was looked for on local disk, so --verify said it was missing, status 1).
+  assert prepare.unprepared(config, data_dir) == []
   reports = shards.verify(data_dir)
   assert len(reports) >= 4 and not [r for r in reports if r.problem]
   assert all(r.shard.path.startswith(f"{data_dir}/") and r.checksum for r in reports)

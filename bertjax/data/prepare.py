@@ -167,7 +167,7 @@ def unprepared(config, data_dir: str) -> list[tuple[str, str]]:
   """The items of ``needed`` that are missing or unfinished (a dataset
   without its published record: still in, or not yet in, ``.staging``)."""
   return [(what, where) for what, where in needed(config, data_dir)
-          if not (os.path.exists(where) if what == "tokenizer"
+          if not (paths.exists(where) if what == "tokenizer"
                   else staged.is_published(where))]
 
 
