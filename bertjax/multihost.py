@@ -276,7 +276,7 @@ _ARGUMENT_FIXES = {
 # relative path started from two directories is refused (the hosts would read
 # different files) and two spellings of one absolute path are not.
 _PATH_FIELDS = ("text_files", "tokenizer_path", "hf_kept_tensors", "tfds_data_dir",
-                "train_files", "eval_files", "predict_files")
+                "ernie_gazetteer", "train_files", "eval_files", "predict_files")
 
 
 def _absolute_list(text: str) -> str:

@@ -153,6 +153,7 @@ def test_processes_started_with_different_workdirs_are_refused(as_process):
 @pytest.mark.parametrize("field,value", [
     ("text_files", "corpus/*.txt,extra.txt"),
     ("tokenizer_path", "tok"),
+    ("ernie_gazetteer", "tok/entities.txt"),
     ("train_files", "train.csv"),
     ("predict_files", "a.jsonl, b.jsonl"),
     ("mixture", "pg19 weight=2; bertjax_local_text text_files=corpus/*.txt"),
