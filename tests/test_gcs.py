@@ -482,3 +482,24 @@ def test_a_warm_mirror_of_a_gs_data_dir_is_not_fetched_again(gcs, tmp_path):
   assert paths.pull(remote, mirror) == 1
   assert gcs.downloads() == ["warm/a/dataset_info.json"]
   assert (tmp_path / "mirror" / "a" / "dataset_info.json").read_text() == '{"n": 2}'
+
+
+def test_a_second_prepare_of_a_gs_data_dir_on_one_machine_is_refused(
+    gcs, demo_config):
+  """Both would write this machine's mirror of the bucket at once (the
+  second failed midway with TFDS's FileExistsError): refused as a second
+  prepare of a local data_dir is, naming the bucket; nothing is written."""
+  from bertjax import paths
+  from bertjax import workdir_lock
+  from bertjax.data import prepare
+  data_dir = f"gs://{gcs.bucket}/busy"
+  first = workdir_lock.DataDirLock(paths.local_mirror(data_dir)).acquire()
+  try:
+    with pytest.raises(workdir_lock.WorkdirBusy,
+                       match=rf"^Another bertjax prepare \(pid {os.getpid()} .*\) is "
+                       rf"writing the data_dir {data_dir} through this machine's mirror"):
+      prepare.prepare(config_for(demo_config, data_dir), data_dir)
+  finally:
+    first.release()
+  assert not [n for n in gcs.object_names() if n.startswith("busy/")]
+  assert os.listdir(paths.local_mirror(data_dir)) == [workdir_lock.DATA_LOCK_FILE]

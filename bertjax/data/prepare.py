@@ -120,11 +120,14 @@ def prepare(config, data_dir: str, *, beam_runner: str = "",
   layout.check_data_dir(config, data_dir)
   spans = (knowledge.Settings.from_config(config)
            if config.get("knowledge_spans", False) else None)
-  # A local data_dir is locked while this writes it; a run whose data is all
-  # there only reads, and takes no lock (bertjax/workdir_lock.py).
+  # A data_dir is locked while this writes it (a gs:// one through this
+  # machine's mirror of it, which two prepares would write at once); a run
+  # whose data is all there only reads, and takes no lock
+  # (bertjax/workdir_lock.py).
   lock = None
-  if not paths.is_remote(data_dir) and unprepared(config, data_dir):
-    lock = workdir_lock.DataDirLock(data_dir).acquire()
+  if unprepared(config, data_dir):
+    lock = (_MirrorLock(data_dir) if paths.is_remote(data_dir)
+            else workdir_lock.DataDirLock(data_dir)).acquire()
   try:
     if paths.is_remote(data_dir):
       return _prepare_mirrored(config, data_dir, spans, engine)
@@ -133,6 +136,29 @@ def prepare(config, data_dir: str, *, beam_runner: str = "",
     workers.shutdown()
     if lock is not None:
       lock.release()
+
+
+class _MirrorLock(workdir_lock.DataDirLock):
+  """``DataDirLock`` on this machine's mirror of the gs:// data_dir ``remote``
+  (paths.local_mirror), named by the bucket: a second prepare into the same
+  mirror failed midway (FileExistsError from TFDS's rename, one of them)."""
+
+  flag = "BERTJAX_CACHE_DIR"
+
+  def __init__(self, remote: str):
+    super().__init__(paths.local_mirror(remote))
+    self.remote = paths.absolute(remote)
+    self.what = f"the local mirror of {self.remote}"
+
+  def _check(self) -> None:
+    paths.require_writable(self.workdir, self.flag, self.what)
+
+  def _busy(self, holder: str) -> str:
+    return (f"Another bertjax prepare ({holder}) is writing the data_dir "
+            f"{self.remote} through this machine's mirror of it ({self.workdir}); "
+            "wait for it to end and run this command again (it then reuses "
+            "what that one prepared), or point --config.data_dir at another "
+            "directory.")
 
 
 def needed(config, data_dir: str) -> list[tuple[str, str]]:
