@@ -1,5 +1,6 @@
-"""Text files as editors and other systems write them: what prepare's text
-dataset holds of a byte-order mark, CRLF line ends and such."""
+"""Text files as editors and other systems write them (what prepare's text
+dataset holds of a byte-order mark, CRLF line ends), and a disk that fills
+while they are prepared."""
 
 import corpus_files
 from bertjax.data import text_sources
@@ -40,3 +41,44 @@ def test_a_utf8_byte_order_mark_is_not_text(demo_config, tmp_path):
   got = _documents(_config(demo_config, f"{marked}/*.txt"), str(tmp_path / "b"))
   assert got == want
   assert not any(s.startswith("\ufeff") for doc in got.values() for s in doc)
+
+
+def test_a_full_disk_mid_shard_leaves_no_partial_file(demo_config, tmp_path, monkeypatch):
+  """The writer's ENOSPC (simulated after a few records) ends the prepare; the
+  partial shard it was writing is removed (it used to stay in .staging under
+  its pid's name, never reused, holding the space the rerun needs), and the
+  rerun, with room again, finishes."""
+  import errno
+  from bertjax.data import staged
+  src = tmp_path / "src"
+  src.mkdir()
+  corpus_files.write_topic_files(src)
+  config = _config(demo_config, f"{src}/*.txt")
+  data_dir = tmp_path / "data"
+  real = staged.array_record_module.ArrayRecordWriter
+
+  class FillsTheDisk:
+    def __init__(self, path, options):
+      self._writer, self._left = real(path, options), 3
+
+    def write(self, record):
+      if not self._left:
+        raise OSError(errno.ENOSPC, "No space left on device")
+      self._left -= 1
+      self._writer.write(record)
+
+    def close(self):
+      self._writer.close()
+
+  monkeypatch.setattr(staged.array_record_module, "ArrayRecordWriter", FillsTheDisk)
+  engine = text_sources.Engine(workers=1, block_bytes=30_000)
+  try:
+    text_sources.text_sources(config, str(data_dir), engine)
+  except OSError as e:
+    assert e.errno == errno.ENOSPC
+  else:
+    raise AssertionError("the full disk went unnoticed")
+  left = [p.name for p in data_dir.rglob("*") if ".tmp-" in p.name]
+  assert left == []
+  monkeypatch.setattr(staged.array_record_module, "ArrayRecordWriter", real)
+  assert text_sources.text_sources(config, str(data_dir), engine)["train"].num_docs > 0

@@ -25,6 +25,7 @@ another plan are never reused.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -136,10 +137,19 @@ class Stage:
                  else os.path.join(tmp, final.name))
         writer = array_record_module.ArrayRecordWriter(local, _WRITER_OPTIONS)
         count = 0
-        for example in examples:
-          writer.write(example)
-          count += 1
-        writer.close()
+        try:
+          for example in examples:
+            writer.write(example)
+            count += 1
+          writer.close()
+        except BaseException:
+          # A full disk (or a stop) mid-write: the partial file, named by this
+          # pid, would never be reused and would hold the space a rerun needs.
+          with contextlib.suppress(Exception):
+            writer.close()
+          with contextlib.suppress(OSError):
+            os.remove(local)
+          raise
         # Hashed here, in the worker, for the manifest (shards.py).
         digests[split] = tokenizer_lib.file_fingerprint(local)
         if is_local(final):
