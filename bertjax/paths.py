@@ -24,6 +24,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import threading
 import time
 from typing import Iterator
@@ -377,6 +378,12 @@ def _tmp_name(name: str) -> str:
   return f".{name}.tmp-{os.getpid()}-{threading.get_ident()}"
 
 
+# The temporary names this layer and the staging write under before a rename
+# (``_tmp_name``, ``<shard>.tmp-<pid>``): a process that died between the two
+# left one, which is no data and must not travel between mirror and bucket.
+_TMP = re.compile(r"\.tmp-\d+(-\d+)?$")
+
+
 def _listing(root: str, staging: bool) -> dict[str, tuple[int, bytes | None]]:
   """``relative path -> (size, md5 or None)`` of the files under ``root``
   (staging directories only with ``staging``). On an object store, one
@@ -384,7 +391,8 @@ def _listing(root: str, staging: bool) -> dict[str, tuple[int, bytes | None]]:
   download, and nothing another process wrote since is missed); locally the
   md5 is left None, to be hashed only where needed."""
   if not is_remote(root):
-    return {rel: (size, None) for rel, size in walk_files(root, staging=staging)}
+    return {rel: (size, None) for rel, size in walk_files(root, staging=staging)
+            if not _TMP.search(rel)}
   import fsspec  # pylint: disable=g-import-not-at-top  (gcsfs comes with it)
   fs, inner = fsspec.core.url_to_fs(root)
   fs.invalidate_cache(inner)
@@ -396,7 +404,8 @@ def _listing(root: str, staging: bool) -> dict[str, tuple[int, bytes | None]]:
   for name, info in found.items():
     rel = os.path.relpath(name, inner)
     parts = rel.split(os.sep)
-    if info.get("type") == "directory" or rel == "." or rel.startswith(".."):
+    if (info.get("type") == "directory" or rel == "." or rel.startswith("..")
+        or _TMP.search(rel)):
       continue
     if not staging and any(part in _SKIP_DIRS for part in parts[:-1]):
       continue
@@ -433,8 +442,12 @@ def _copy_tree(src: str, dst: str, staging: bool = False) -> int:
     if not is_remote(target):
       target.parent.mkdir(parents=True, exist_ok=True)
       tmp = target.parent / _tmp_name(target.name)
-      (path(src) / rel).copy(tmp, overwrite=True)
-      os.replace(tmp, target)
+      try:
+        (path(src) / rel).copy(tmp, overwrite=True)
+        os.replace(tmp, target)
+      except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk: no partial copy left behind
+        raise
     else:
       (path(src) / rel).copy(target, overwrite=True)
   return len(todo)

@@ -503,3 +503,34 @@ def test_a_second_prepare_of_a_gs_data_dir_on_one_machine_is_refused(
     first.release()
   assert not [n for n in gcs.object_names() if n.startswith("busy/")]
   assert os.listdir(paths.local_mirror(data_dir)) == [workdir_lock.DATA_LOCK_FILE]
+
+
+def test_a_mirror_copy_cut_short_leaves_nothing_that_travels(gcs, tmp_path, monkeypatch):
+  """A pull that fails midway (a full disk) removes its partial file, and a
+  temporary file a killed process left in the mirror is never uploaded to
+  the bucket (other hosts would pull it), nor one in the bucket pulled."""
+  import errno
+  from etils import epath
+  from bertjax import paths
+  remote = f"gs://{gcs.bucket}/leftovers"
+  made = tmp_path / "made"
+  made.mkdir()
+  (made / "features.json").write_text("{}")
+  (made / ".features.json.tmp-123-456").write_text("{")
+  (made / "unit-00000.train.array_record.tmp-99").write_text("partial")
+  assert paths.push(made, remote) == 1
+  assert [n for n in gcs.object_names() if n.startswith("leftovers/")] == [
+      "leftovers/features.json"]
+  paths.write_text(f"{remote}/.dataset_info.json.tmp-7-8", "{")
+
+  def full(self, dst, overwrite=False):
+    open(dst, "w").write("par")
+    raise OSError(errno.ENOSPC, "No space left on device")
+  monkeypatch.setattr(type(epath.Path(remote)), "copy", full)
+  mirror = tmp_path / "mirror"
+  with pytest.raises(OSError):
+    paths.pull(remote, mirror)
+  assert [p.name for p in mirror.rglob("*") if p.is_file()] == []
+  monkeypatch.undo()
+  assert paths.pull(remote, mirror) == 1
+  assert sorted(p.name for p in mirror.iterdir()) == ["features.json"]
