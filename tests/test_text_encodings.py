@@ -43,6 +43,21 @@ def test_a_utf8_byte_order_mark_is_not_text(demo_config, tmp_path):
   assert not any(s.startswith("\ufeff") for doc in got.values() for s in doc)
 
 
+def test_a_file_of_a_byte_order_mark_alone_is_an_empty_file(demo_config, tmp_path,
+                                                              caplog):
+  """Skipped and named as empty, as a file of whitespace is (it gave a
+  document of one U+FEFF, then, with the mark dropped, nothing unsaid)."""
+  import logging
+  src = tmp_path / "src"
+  src.mkdir()
+  corpus_files.write_topic_files(src)
+  (src / "zz_bom_only.txt").write_bytes(b"\xef\xbb\xbf\r\n")
+  with caplog.at_level(logging.WARNING):
+    got = _documents(_config(demo_config, f"{src}/*.txt"), str(tmp_path / "data"))
+  assert "zz_bom_only.txt" not in got
+  assert "Skipped 1 empty" in caplog.text and "zz_bom_only.txt" in caplog.text
+
+
 def test_a_full_disk_mid_shard_leaves_no_partial_file(demo_config, tmp_path, monkeypatch):
   """The writer's ENOSPC (simulated after a few records) ends the prepare; the
   partial shard it was writing is removed (it used to stay in .staging under

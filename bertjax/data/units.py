@@ -302,7 +302,7 @@ def run_text(task: TextTask) -> dict[str, Any]:
         continue
       text, piece_found = _decode(piece, data)
       found = bad_text_files.worse(found, piece_found)
-      if found is None:
+      if found is None and text.strip():  # a byte-order mark alone is blank too
         texts.append((piece, text))
     if found is not None:
       bad[name] = found
