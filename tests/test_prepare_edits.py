@@ -121,18 +121,25 @@ def _bad_template(dataset_dir):
     json.dump(info, f)
 
 
-@pytest.mark.parametrize("damage", [_garbled, _bad_template])
-def test_a_damaged_text_dataset_names_repair_which_makes_it_again(
-    demo_config, tmp_path, damage):
-  """bertjax's own dataset is made again by prepare --repair, never by
-  `tfds build` (which the message used to name, and which cannot make it)."""
+def _prepared_topics(demo_config, tmp_path):
+  """(source folder, config, data_dir) of the topic files' text dataset,
+  prepared to the end."""
   src = tmp_path / "src"
   src.mkdir()
   corpus_files.write_topic_files(src)
   config = _config(demo_config, f"{src}/*.txt")
   data_dir = str(tmp_path / "data")
-  dataset_dir = text_sources.local_text_dir(data_dir, config.dataset)
   text_sources.text_sources(config, data_dir, _ENGINE)
+  return src, config, data_dir
+
+
+@pytest.mark.parametrize("damage", [_garbled, _bad_template])
+def test_a_damaged_text_dataset_names_repair_which_makes_it_again(
+    demo_config, tmp_path, damage):
+  """bertjax's own dataset is made again by prepare --repair, never by
+  `tfds build` (which the message used to name, and which cannot make it)."""
+  src, config, data_dir = _prepared_topics(demo_config, tmp_path)
+  dataset_dir = text_sources.local_text_dir(data_dir, config.dataset)
   before = _shards(dataset_dir)
 
   damage(dataset_dir)
@@ -191,13 +198,8 @@ def test_a_same_size_edit_keeping_the_mtime_of_a_prepared_text_is_warned(
   from bertjax import paths
   if ctime_margin == "zero":
     monkeypatch.setattr(paths, "_CTIME_MARGIN_NS", 0)
-  src = tmp_path / "src"
-  src.mkdir()
-  corpus_files.write_topic_files(src)
-  config = _config(demo_config, f"{src}/*.txt")
-  data_dir = str(tmp_path / "data")
+  src, config, data_dir = _prepared_topics(demo_config, tmp_path)
   dataset_dir = text_sources.local_text_dir(data_dir, config.dataset)
-  text_sources.text_sources(config, data_dir, _ENGINE)
   before = _shards(dataset_dir)
 
   with caplog.at_level(logging.WARNING):
@@ -218,12 +220,7 @@ def test_an_unchanged_prepared_text_is_checked_without_reading_old_files(
   while their size, mtime and ctime are unchanged (one stat each)."""
   from bertjax import paths
   monkeypatch.setattr(paths, "_CTIME_MARGIN_NS", 0)
-  src = tmp_path / "src"
-  src.mkdir()
-  corpus_files.write_topic_files(src)
-  config = _config(demo_config, f"{src}/*.txt")
-  data_dir = str(tmp_path / "data")
-  text_sources.text_sources(config, data_dir, _ENGINE)
+  src, config, data_dir = _prepared_topics(demo_config, tmp_path)
   stamp, stamped = paths.file_stamp, []
   monkeypatch.setattr(paths, "file_stamp", lambda p: stamped.append(p) or stamp(p))
   with caplog.at_level(logging.WARNING):
@@ -236,13 +233,8 @@ def test_a_text_dataset_prepared_before_stamps_keeps_the_mtime_check(
   """A dataset whose record lists (path, size, mtime) only, as bertjax made
   before content stamps: reused with no warning while unchanged, warned of
   a later mtime as before (an edit that keeps the mtime goes unseen)."""
-  src = tmp_path / "src"
-  src.mkdir()
-  corpus_files.write_topic_files(src)
-  config = _config(demo_config, f"{src}/*.txt")
-  data_dir = str(tmp_path / "data")
+  src, config, data_dir = _prepared_topics(demo_config, tmp_path)
   dataset_dir = text_sources.local_text_dir(data_dir, config.dataset)
-  text_sources.text_sources(config, data_dir, _ENGINE)
   record = os.path.join(dataset_dir, "metadata.json")
   with open(record) as f:
     metadata = json.load(f)
