@@ -150,9 +150,6 @@ class _MirrorLock(workdir_lock.DataDirLock):
     self.remote = paths.absolute(remote)
     self.what = f"the local mirror of {self.remote}"
 
-  def _check(self) -> None:
-    paths.require_writable(self.workdir, self.flag, self.what)
-
   def _busy(self, holder: str) -> str:
     return (f"Another bertjax prepare ({holder}) is writing the data_dir "
             f"{self.remote} through this machine's mirror of it ({self.workdir}); "
