@@ -97,3 +97,29 @@ def test_a_full_disk_mid_shard_leaves_no_partial_file(demo_config, tmp_path, mon
   assert left == []
   monkeypatch.setattr(staged.array_record_module, "ArrayRecordWriter", real)
   assert text_sources.text_sources(config, str(data_dir), engine)["train"].num_docs > 0
+
+
+def test_old_mac_line_ends_separate_paragraphs(demo_config, tmp_path):
+  """Files whose lines end in a lone "\\r" (classic Mac OS) give the same
+  paragraphs, and the same cuts of a file into blocks, as the same text with
+  "\\n": their blank lines used to go unseen, each file one paragraph."""
+  plain, mac = tmp_path / "plain", tmp_path / "mac"
+  plain.mkdir()
+  corpus_files.write_topic_files(plain)
+  mac.mkdir()
+  for f in sorted(plain.glob("*.txt")):
+    (mac / f.name).write_bytes(f.read_bytes().replace(b"\n", b"\r"))
+  engine = text_sources.Engine(workers=1, block_bytes=30_000)  # files are cut
+  got = {}
+  for name in ("plain", "mac"):
+    config = _config(demo_config, f"{tmp_path / name}/*.txt")
+    config.dataset = "bertjax_local_text/paragraphs"
+    got[name] = {}
+    for split in text_sources.text_sources(config, str(tmp_path / f"data_{name}"),
+                                           engine).values():
+      source = split.source.open()
+      for i in range(len(source)):
+        example = source[i]
+        got[name][example["id"].decode()] = [s.decode() for s in example["sentences"]]
+  assert len(got["plain"]) > 2 * len(list(plain.glob("*.txt")))
+  assert got["mac"] == got["plain"]

@@ -41,9 +41,13 @@ _BOUNDARY = re.compile(
     r"""[.!?]+["'\u201d\u2019)\]]*\s+(?=["'\u201c\u2018(\[]?[""" + _STARTS + r"""])"""
     r"""|[\u3002\uff01\uff1f\u061f\u06d4\u0964\u0965]+"""
     r"""["'\u201d\u2019)\]\u300d\u300f\uff09]*\s*(?=\S)""")
-# A blank line: two line ends with only spaces, tabs or carriage returns
-# (CRLF files) between them.
-_PARAGRAPH = re.compile(r"\n[^\S\n]*\n\s*")
+# A blank line: two line ends with only spaces or tabs between them. A line
+# ends as in Python's universal newlines: "\r\n" (Windows), "\r" alone (old
+# Mac OS) or "\n". Text files are read as bytes, so no reader has already
+# turned "\r" into "\n" here.
+# (A "\r" before "\n" is never a line end of its own.)
+_LINE_END = r"(?:\r\n|\r(?!\n)|\n)"
+_PARAGRAPH = re.compile(_LINE_END + r"[^\S\r\n]*" + _LINE_END + r"\s*")
 _WHITESPACE = re.compile(r"\s+")
 _LAST_WORD = re.compile(r"(\S+)$")
 

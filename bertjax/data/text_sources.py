@@ -288,9 +288,11 @@ def _local_text(config, data_dir: str, engine: Engine) -> str:
   stamps = {p: stamp for p, (stamp, _) in stamped.items()}
   content = hashlib.sha256(json.dumps(stamps, sort_keys=True).encode()).hexdigest()
   # 'whole-files': units of the receipts that report bad files by name;
-  # 'no-bom': units that drop a UTF-8 byte-order mark.
+  # 'no-bom': units that drop a UTF-8 byte-order mark; 'cr-lines': units that
+  # take a lone "\r" for a line end.
   plan = hashlib.sha256(
-      f"{fingerprint}|{content}|{cfg}|{engine.block_bytes}|whole-files|no-bom".encode()
+      f"{fingerprint}|{content}|{cfg}|{engine.block_bytes}|whole-files|no-bom|cr-lines"
+      .encode()
   ).hexdigest()[:16]
   stage = staged.Stage(dataset_dir, "bertjax_local_text", plan)
   _warn_if_restarted(stage, stamps)

@@ -208,7 +208,8 @@ def _cut(f, nominal: int, size: int) -> int:
     return min(max(nominal, 0), size)
   f.seek(nominal)
   window = f.read(_CUT_WINDOW)
-  for mark in (b"\n", b" ", b"\t"):
+  # A line end first: "\n", else an old Mac file's lone "\r".
+  for mark in (b"\n", b"\r", b" ", b"\t"):
     at = window.find(mark)
     if at >= 0:
       return nominal + at + 1
