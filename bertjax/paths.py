@@ -40,16 +40,28 @@ _SKIP_DIRS = (".staging",)
 _COMPARE_BELOW = 1 << 16
 
 
+_SLASHES = re.compile(r"//+")
+
+
 def is_remote(path: str | os.PathLike) -> bool:
   """True for a URL such as ``gs://bucket/dir`` (anything with ``://``)."""
   return "://" in os.fspath(path)
 
 
 def absolute(path: str | os.PathLike) -> str:
-  """A local path made absolute (``~`` expanded); a URL unchanged."""
+  """A local path made absolute (``~`` expanded); a URL with its runs of
+  slashes after ``scheme://`` made one and a trailing one dropped.
+
+  Every user path enters through here, so ``gs://b//run`` and ``gs://b/run/``
+  name the objects of ``gs://b/run`` for every operation: gcsfs and
+  tensorstore would take the empty segment for part of the object names
+  (``b//run/x`` is another object than ``b/run/x``), while epath drops it, so
+  a run's checkpoints, mirror and metrics would otherwise part ways.
+  """
   path = os.fspath(path)
   if is_remote(path):
-    return path.rstrip("/")
+    scheme, rest = path.split("://", 1)
+    return f"{scheme}://{_SLASHES.sub('/', rest)}".rstrip("/")
   return os.path.abspath(os.path.expanduser(path))
 
 
