@@ -26,7 +26,6 @@ disk its workers share (its workers cannot read ArrayRecord from GCS).
 """
 
 import errno
-import os
 import signal
 import sys
 
@@ -42,7 +41,6 @@ from bertjax.data import layout
 from bertjax.data import mixture
 from bertjax.data import prepare
 from bertjax.data import shards
-from bertjax.data import staged
 from bertjax.data import text_sources
 
 _CONFIG = config_files.define_config_flag(
@@ -89,11 +87,9 @@ def _report_missing(data_dir: str, missing: list[tuple[str, str]]) -> None:
   if not missing:
     return
   for what, where in missing:
-    unfinished = os.path.isdir(os.path.join(where, staged.STAGING)) or (
-        os.path.isdir(f"{where}.sample"))
     print(f"{'MISSING':<8} {what:<11} {where}"
-          + ("  (unfinished: its finished units wait in .staging)" if unfinished
-             else ""))
+          + ("  (unfinished: its finished units wait in .staging)"
+             if prepare.unfinished(data_dir, where) else ""))
   print(f"{len(missing)} of what the config needs {'is' if len(missing) == 1 else 'are'} "
         f"not (fully) prepared in {data_dir}")
 

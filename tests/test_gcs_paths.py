@@ -28,3 +28,39 @@ def test_duplicate_slashes_in_a_gs_path_name_the_same_objects(gcs, tmp_path):
         f"{single}/a/shard-00000")
   assert paths.pull(f"gs://{gcs.bucket}/slashes//data", tmp_path / "mirror") == 3
   assert (tmp_path / "mirror" / "a" / "shard-00000").read_text() == "a/shard-00000"
+
+
+def test_verify_names_what_an_interrupted_prepare_of_a_gs_data_dir_staged(
+    gcs, demo_config, tmp_path, capsys):
+  """``prepare --verify`` marks a missing item of a gs:// data_dir
+  "(unfinished ...)" as it does a local one's: its staging lies in this
+  machine's mirror (or, Beam's, in the bucket), where the hint never looked
+  (it asked the local disk about the gs:// path itself)."""
+  import os
+  from bertjax import paths
+  from bertjax import prepare as binary
+  from bertjax.data import prepare
+  lines = {}
+  for name, data_dir in (("local", str(tmp_path / "data")),
+                         ("gs", f"gs://{gcs.bucket}/unfinished")):
+    missing = prepare.unprepared(demo_config, data_dir)
+    assert [w for w, _ in missing] == ["text dataset bertjax_python_docs",
+                                       "tokenizer", "tokenized dataset"]
+    assert not any(prepare.unfinished(data_dir, where) for _, where in missing)
+    text, model, tokenized = [where for _, where in missing]
+    if name == "gs":  # Beam's units in the bucket, the rest in the mirror
+      paths.write_text(f"{text}/.staging/unit-00000.json", "{}")
+      mirror = paths.local_mirror(data_dir)
+      model, tokenized = (os.path.join(mirror, p[len(data_dir) + 1:])
+                          for p in (model, tokenized))
+    else:
+      os.makedirs(os.path.join(text, ".staging"))
+    os.makedirs(f"{model}.sample")
+    os.makedirs(os.path.join(tokenized, ".staging"))
+    binary._report_missing(data_dir, missing)  # pylint: disable=protected-access
+    lines[name] = capsys.readouterr().out.splitlines()
+  assert lines["gs"][-1].endswith(f"prepared in gs://{gcs.bucket}/unfinished")
+  for local, remote in zip(lines["local"][:-1], lines["gs"][:-1], strict=True):
+    assert local.split()[:2] == remote.split()[:2]
+    assert local.endswith("(unfinished: its finished units wait in .staging)"), local
+    assert remote.endswith("(unfinished: its finished units wait in .staging)"), remote

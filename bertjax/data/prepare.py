@@ -194,6 +194,22 @@ def unprepared(config, data_dir: str) -> list[tuple[str, str]]:
                   else staged.is_published(where))]
 
 
+def unfinished(data_dir: str, where: str) -> bool:
+  """Whether an interrupted prepare left work staged for ``where`` (an item
+  of ``unprepared`` under ``data_dir``): a dataset's finished units in its
+  ``.staging``, or a tokenizer's sample beside it. A gs:// data_dir is
+  prepared in this machine's mirror of it (``paths.local_mirror``), whose
+  staging is never uploaded, and Beam's workers stage in the bucket: both
+  are looked in."""
+  places = [where]
+  if paths.is_remote(data_dir):
+    remote = paths.absolute(data_dir)
+    rel = paths.absolute(where)[len(remote):].lstrip("/")
+    places.append(os.path.join(paths.local_mirror(remote), rel))
+  return any(paths.isdir(paths.join(p, staged.STAGING)) or paths.isdir(f"{p}.sample")
+             for p in places)
+
+
 def check_inputs(config, data_dir: str | None = None, workdir: str | None = None) -> None:
   """Refuses, reading only and before any directory is made, a dataset,
   split or tokenizer that is not set or not known, or local text files that
