@@ -13,14 +13,13 @@ object store is decided here and nowhere else:
   whole on each flush (gcsfs's ``'a'`` mode silently overwrites).
 * ArrayRecord, the shard format, reads and writes local files only in its
   open-source build (its Riegeli file layer has no GCS backend), so a remote
-  data_dir is mirrored: ``local_mirror`` names the local copy, ``pull``
-  fetches what the remote holds, and ``push`` uploads what was prepared,
-  markers last (bertjax/data/prepare.py).
+  data_dir is mirrored (bertjax/mirror.py, whose ``MARKERS``, ``cache_root``,
+  ``local_mirror``, ``fetched``, ``fetched_within``, ``pull`` and ``push``
+  are named here too: ``paths.pull`` is ``mirror.pull``).
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import os
@@ -31,15 +30,9 @@ from typing import Iterator
 
 from etils import epath
 
-# Written last by ``push`` and checked first by readers: a dataset is only
-# trusted once these exist, so a push cut short is never taken for data.
-MARKERS = ("dataset_info.json", "features.json", "bertjax_shards.json")
-_SKIP_DIRS = (".staging",)
-# Files smaller than this (records, markers, which may change at the same
-# size) are compared by content hash when the sizes agree.
-_COMPARE_BELOW = 1 << 16
-
-
+# Directories of unfinished work (a dataset's units), left out of listings
+# unless asked for.
+SKIP_DIRS = (".staging",)
 _SLASHES = re.compile(r"//+")
 
 
@@ -260,7 +253,7 @@ def write_text(p: str | os.PathLike, text: str) -> None:
     target.write_text(text, encoding="utf-8")
     return
   target.parent.mkdir(parents=True, exist_ok=True)
-  tmp = target.parent / _tmp_name(target.name)
+  tmp = target.parent / tmp_name(target.name)
   tmp.write_text(text, encoding="utf-8")
   os.replace(tmp, target)
 
@@ -272,7 +265,7 @@ def write_bytes(p: str | os.PathLike, data: bytes) -> None:
     target.write_bytes(data)
     return
   target.parent.mkdir(parents=True, exist_ok=True)
-  tmp = target.parent / _tmp_name(target.name)
+  tmp = target.parent / tmp_name(target.name)
   tmp.write_bytes(data)
   os.replace(tmp, target)
 
@@ -378,149 +371,26 @@ def walk_files(root: str | os.PathLike, *, staging: bool = False
     directory = stack.pop()
     for child in directory.iterdir():
       if child.is_dir():
-        if staging or child.name not in _SKIP_DIRS:
+        if staging or child.name not in SKIP_DIRS:
           stack.append(child)
       else:
         found.append((os.fspath(child.relative_to(root)), child.stat().length))
   yield from sorted(found)
 
 
-def _tmp_name(name: str) -> str:
+def tmp_name(name: str) -> str:
   # Per process and thread: Beam runs units on threads of one process too.
   return f".{name}.tmp-{os.getpid()}-{threading.get_ident()}"
 
 
-# The temporary names this layer and the staging write under before a rename
-# (``_tmp_name``, ``<shard>.tmp-<pid>``): a process that died between the two
-# left one, which is no data and must not travel between mirror and bucket.
-_TMP = re.compile(r"\.tmp-\d+(-\d+)?$")
+# The mirror's names, reached through this module as well (imported on first
+# use: bertjax/mirror.py is built on this module).
+_MIRROR_NAMES = frozenset({"MARKERS", "cache_root", "local_mirror", "fetched",
+                           "fetched_within", "pull", "push"})
 
 
-def _listing(root: str, staging: bool) -> dict[str, tuple[int, bytes | None]]:
-  """``relative path -> (size, md5 or None)`` of the files under ``root``
-  (staging directories only with ``staging``). On an object store, one
-  fresh recursive listing, which carries each object's size and md5 (no
-  download, and nothing another process wrote since is missed); locally the
-  md5 is left None, to be hashed only where needed."""
-  if not is_remote(root):
-    return {rel: (size, None) for rel, size in walk_files(root, staging=staging)
-            if not _TMP.search(rel)}
-  import fsspec  # pylint: disable=g-import-not-at-top  (gcsfs comes with it)
-  fs, inner = fsspec.core.url_to_fs(root)
-  fs.invalidate_cache(inner)
-  try:
-    found = fs.find(inner, detail=True)
-  except FileNotFoundError:
-    return {}
-  out = {}
-  for name, info in found.items():
-    rel = os.path.relpath(name, inner)
-    parts = rel.split(os.sep)
-    if (info.get("type") == "directory" or rel == "." or rel.startswith("..")
-        or _TMP.search(rel)):
-      continue
-    if not staging and any(part in _SKIP_DIRS for part in parts[:-1]):
-      continue
-    md5 = info.get("md5Hash")
-    out[rel] = (int(info.get("size") or 0), base64.b64decode(md5) if md5 else None)
-  return out
-
-
-def _same_content(a: str, a_md5: bytes | None, b: str, b_md5: bytes | None) -> bool:
-  """Whether the files ``a`` and ``b`` (of one size, under ``_COMPARE_BELOW``)
-  hold the same bytes, by their md5s (a local file's hashed here)."""
-  try:
-    digests = [md5 if md5 is not None or is_remote(p) else
-               hashlib.md5(path(p).read_bytes()).digest()
-               for p, md5 in ((a, a_md5), (b, b_md5))]
-  except OSError:
-    return False
-  return digests[0] is not None and digests[0] == digests[1]
-
-
-def _copy_tree(src: str, dst: str, staging: bool = False) -> int:
-  """Copies files of ``src`` missing in ``dst`` or of another size, and small
-  files of the same size whose content differs (records and markers may
-  change at the same size; hashes read from the listing, so an unchanged
-  mirror costs no download); markers last. Staging directories only with
-  ``staging``. Returns the number of files copied."""
-  have = _listing(dst, staging)
-  todo = [(rel, size) for rel, (size, md5) in sorted(_listing(src, staging).items())
-          if have.get(rel, (None,))[0] != size or (size < _COMPARE_BELOW and not (
-              _same_content(join(src, rel), md5, join(dst, rel), have[rel][1])))]
-  todo.sort(key=lambda item: (os.path.basename(item[0]) in MARKERS, item[0]))
-  for rel, _ in todo:
-    target = path(dst) / rel
-    if not is_remote(target):
-      target.parent.mkdir(parents=True, exist_ok=True)
-      tmp = target.parent / _tmp_name(target.name)
-      try:
-        (path(src) / rel).copy(tmp, overwrite=True)
-        os.replace(tmp, target)
-      except BaseException:
-        tmp.unlink(missing_ok=True)  # a full disk: no partial copy left behind
-        raise
-    else:
-      (path(src) / rel).copy(target, overwrite=True)
-  return len(todo)
-
-
-def cache_root() -> str:
-  """Where remote data is mirrored: ``$BERTJAX_CACHE_DIR`` or ``~/.cache/bertjax``."""
-  return absolute(os.environ.get("BERTJAX_CACHE_DIR") or "~/.cache/bertjax")
-
-
-def local_mirror(remote: str | os.PathLike) -> str:
-  """The local directory that mirrors the remote directory ``remote``."""
-  remote = absolute(remote)
-  scheme, rest = remote.split("://", 1)
-  digest = hashlib.sha256(remote.encode()).hexdigest()[:12]
-  safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in rest)[-80:]
-  return os.path.join(cache_root(), "mirror", f"{scheme}-{safe}-{digest}")
-
-
-def fetched(p: str | os.PathLike) -> str:
-  """A local path with the content of ``p``: ``p`` itself when local, else its
-  mirror, refreshed (a file or a directory), for libraries that read only
-  local files (tokenizers, torch, ArrayRecord)."""
-  if not is_remote(p):
-    return absolute(p)
-  remote = absolute(p)
-  local = local_mirror(remote)
-  if path(remote).is_dir():
-    pull(remote, local)
-  else:
-    os.makedirs(os.path.dirname(local), exist_ok=True)
-    tmp = os.path.join(os.path.dirname(local), _tmp_name(os.path.basename(local)))
-    path(remote).copy(tmp, overwrite=True)
-    os.replace(tmp, local)
-  return local
-
-
-def fetched_within(root: str | os.PathLike, p: str | os.PathLike) -> str:
-  """``fetched`` for a directory ``p`` under a remote ``root``: its copy lands
-  at the same place under ``local_mirror(root)``, so that paths relative to
-  the root (a data_dir's datasets and tokenizers) stay valid locally."""
-  if not is_remote(p):
-    return absolute(p)
-  root, p = absolute(root), absolute(p)
-  rel = os.path.relpath(p.split("://", 1)[1], root.split("://", 1)[1])
-  if rel.startswith(".."):
-    raise ValueError(f"{p} is not under {root}")
-  local = os.path.join(local_mirror(root), rel)
-  pull(p, local)
-  return local
-
-
-def pull(remote: str | os.PathLike, local: str | os.PathLike, *,
-         staging: bool = False) -> int:
-  """Copies into ``local`` every file of ``remote`` it lacks; returns the count.
-  Staging directories (unfinished datasets' units) only with ``staging``."""
-  return _copy_tree(absolute(remote), absolute(local), staging)
-
-
-def push(local: str | os.PathLike, remote: str | os.PathLike, *,
-         staging: bool = False) -> int:
-  """Uploads every file of ``local`` that ``remote`` lacks, markers last.
-  Staging directories only with ``staging``."""
-  return _copy_tree(absolute(local), absolute(remote), staging)
+def __getattr__(name: str):
+  if name in _MIRROR_NAMES:
+    from bertjax import mirror  # pylint: disable=g-import-not-at-top
+    return getattr(mirror, name)
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
