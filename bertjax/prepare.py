@@ -81,19 +81,6 @@ def _verify(data_dir: str, *, required: bool) -> list[shards.Report]:
   return reports
 
 
-def _report_missing(data_dir: str, missing: list[tuple[str, str]]) -> None:
-  """Prints a line for each thing the config needs that is not (fully)
-  prepared under ``data_dir``, and a summary; nothing when all is there."""
-  if not missing:
-    return
-  for what, where in missing:
-    print(f"{'MISSING':<8} {what:<11} {where}"
-          + ("  (unfinished: its finished units wait in .staging)"
-             if prepare.unfinished(data_dir, where) else ""))
-  print(f"{len(missing)} of what the config needs {'is' if len(missing) == 1 else 'are'} "
-        f"not (fully) prepared in {data_dir}")
-
-
 class _Terminated(Exception):
   """SIGTERM arrived (raised in the main thread by ``_on_sigterm``)."""
 
@@ -147,7 +134,8 @@ def _main(argv):
     if _VERIFY.value:
       missing = prepare.unprepared(config, data_dir)
       damaged = any(r.problem for r in _verify(data_dir, required=not missing))
-      _report_missing(data_dir, missing)
+      for line in prepare.missing_lines(data_dir, missing):
+        print(line)
       if damaged:
         print("re-prepare the damaged shards with the same command and --repair "
               "instead of --verify", file=sys.stderr)

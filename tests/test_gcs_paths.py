@@ -31,14 +31,13 @@ def test_duplicate_slashes_in_a_gs_path_name_the_same_objects(gcs, tmp_path):
 
 
 def test_verify_names_what_an_interrupted_prepare_of_a_gs_data_dir_staged(
-    gcs, demo_config, tmp_path, capsys):
+    gcs, demo_config, tmp_path):
   """``prepare --verify`` marks a missing item of a gs:// data_dir
   "(unfinished ...)" as it does a local one's: its staging lies in this
   machine's mirror (or, Beam's, in the bucket), where the hint never looked
   (it asked the local disk about the gs:// path itself)."""
   import os
   from bertjax import paths
-  from bertjax import prepare as binary
   from bertjax.data import prepare
   lines = {}
   for name, data_dir in (("local", str(tmp_path / "data")),
@@ -57,8 +56,7 @@ def test_verify_names_what_an_interrupted_prepare_of_a_gs_data_dir_staged(
       os.makedirs(os.path.join(text, ".staging"))
     os.makedirs(f"{model}.sample")
     os.makedirs(os.path.join(tokenized, ".staging"))
-    binary._report_missing(data_dir, missing)  # pylint: disable=protected-access
-    lines[name] = capsys.readouterr().out.splitlines()
+    lines[name] = prepare.missing_lines(data_dir, missing)
   assert lines["gs"][-1].endswith(f"prepared in gs://{gcs.bucket}/unfinished")
   for local, remote in zip(lines["local"][:-1], lines["gs"][:-1], strict=True):
     assert local.split()[:2] == remote.split()[:2]

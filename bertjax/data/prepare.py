@@ -210,6 +210,21 @@ def unfinished(data_dir: str, where: str) -> bool:
              for p in places)
 
 
+def missing_lines(data_dir: str, missing: list[tuple[str, str]]) -> list[str]:
+  """``prepare --verify``'s report: a line for each item of ``unprepared``
+  (marked when an interrupted prepare left work staged for it) and a
+  summary; none when nothing is missing."""
+  if not missing:
+    return []
+  lines = [f"{'MISSING':<8} {what:<11} {where}"
+           + ("  (unfinished: its finished units wait in .staging)"
+              if unfinished(data_dir, where) else "")
+           for what, where in missing]
+  lines.append(f"{len(missing)} of what the config needs "
+               f"{'is' if len(missing) == 1 else 'are'} not (fully) prepared in {data_dir}")
+  return lines
+
+
 def check_inputs(config, data_dir: str | None = None, workdir: str | None = None) -> None:
   """Refuses, reading only and before any directory is made, a dataset,
   split or tokenizer that is not set or not known, or local text files that
