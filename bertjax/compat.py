@@ -14,7 +14,8 @@ field, and each field's kind in ``FIELDS`` decides:
           logged. The run would no longer be the one that was started.
   safe    loop cadence, evaluation, devices, paths (num_train_steps,
           checkpoint_every_steps, eval_*, mesh_shape, microbatches ...): just
-          apply, with an info line.
+          apply, with an info line (num_train_steps below the checkpoint's
+          step is refused: ``check_not_past_end``).
 
 A checkpoint of step 0 (what ``bertjax.convert --from_hf`` writes) has
 consumed no data and no schedule, so only its layout is checked: continued
@@ -273,6 +274,27 @@ def check_workdir_kind(newest, config, workdir: str, *, evaluating: bool = False
   raise IncompatibleCheckpoint(
       f"{workdir} is a fine-tuning workdir (task {saved['task']!r}, step {step}); "
       f"{use} or bertjax.load to predict, or pass a new --workdir to pretrain.")
+
+
+def check_not_past_end(step: int, config, where: str) -> None:
+  """Refuses a workdir whose newest checkpoint is past ``num_train_steps``.
+
+  Lowering num_train_steps is otherwise a safe change, but below the
+  checkpoint's step the run has nothing to train and would only evaluate
+  that checkpoint again as if it had ended there; a checkpoint exactly at
+  num_train_steps is a finished run, which a rerun evaluates.
+
+  Args:
+    step: the newest checkpoint's step (``checkpointing.newest_saved_config``).
+    config: the run's config; where: names the checkpoint in the message.
+  """
+  total = int(config.num_train_steps)
+  if step > total:
+    raise IncompatibleCheckpoint(
+        f"{where} is past the end of this run (--config.num_train_steps={total}); "
+        f"pass --config.num_train_steps={step} to evaluate it as finished, a "
+        f"larger value to train it further, or a new --workdir to train "
+        f"{total} steps from scratch.")
 
 
 def check(saved: Mapping[str, Any], config, where: str, *,

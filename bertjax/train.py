@@ -278,6 +278,7 @@ def train_and_evaluate(config, workdir: str, *,
       newest_step, saved, where = newest
       compat.check(saved, config, where, layout_only=newest_step == 0,
                    imported=newest_step == 0 and compat.is_import(saved))
+      compat.check_not_past_end(newest_step, config, where)
     # After the comparison, whose message is the clearer one where an
     # objective is set on another system's workdir.
     config_validation.check_variant(config)

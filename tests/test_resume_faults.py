@@ -309,6 +309,20 @@ def test_stream_change_is_refused_unless_allowed(workdir, demo_config, demo_data
   assert tree_hash(workdir) == before
 
 
+def test_num_train_steps_below_the_checkpoint_is_refused(workdir, demo_config,
+                                                         demo_data, no_device_work):
+  # Lowered below the newest checkpoint (step 20), the run used to evaluate
+  # that checkpoint again and end as if it had trained 15 steps.
+  before = tree_hash(workdir)
+  config = tiny(demo_config, demo_data, num_train_steps=15)
+  with pytest.raises(compat.IncompatibleCheckpoint) as e:
+    train.train_and_evaluate(config, workdir)
+  message = str(e.value)
+  assert "at step 20" in message and "num_train_steps=15" in message, message
+  assert "--config.num_train_steps=20" in message and "new --workdir" in message
+  assert tree_hash(workdir) == before
+
+
 def test_allowed_and_safe_changes_apply_with_a_log_line(
     workdir, trained, restored, caplog, demo_config, demo_data):
   config = tiny(demo_config, demo_data, seq_len=64, allow_changes="seq_len",
