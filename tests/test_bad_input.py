@@ -104,12 +104,22 @@ def test_checkpoint_of_another_model_shape(trained_workdir, demo_config, demo_da
   assert snapshot(trained_workdir) == before
 
 
-def test_mismatched_vocabulary(tmp_path, demo_config, demo_data, no_device_work):
+def test_mismatched_vocabulary(tmp_path, monkeypatch, demo_config, demo_data,
+                               no_device_work):
+  # The data_dir's tokenizer fixes the size: refused before the workdir is
+  # made or locked and before prepare starts, not from inside prepare.
+  def forbidden(*args, **kwargs):
+    raise AssertionError("prepare started before the vocab_size was refused")
+
+  monkeypatch.setattr(prepare, "prepare", forbidden)
   before = snapshot(demo_data.data_dir)
+  workdir = tmp_path / "work"
   config = small_config(demo_config, demo_data, vocab_size=4000)
-  with pytest.raises(ValueError, match="--config.vocab_size=8000"):
-    train.train_and_evaluate(config, str(tmp_path))
+  with pytest.raises(ValueError, match=r"vocab size 8000 but config.vocab_size is "
+                     r"4000; set --config.vocab_size=8000"):
+    train.train_and_evaluate(config, str(workdir))
   assert snapshot(demo_data.data_dir) == before
+  assert not workdir.exists()
 
 
 def test_checkpoint_trained_with_another_tokenizer(trained_workdir, tmp_path,

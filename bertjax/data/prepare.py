@@ -177,13 +177,21 @@ def needed(config, data_dir: str) -> list[tuple[str, str]]:
           builders.BertjaxPythonDocs(data_dir=root).data_path)))
   key = mixture.name(corpora) if corpora else builders.source_key(config.dataset)
   if config.tokenizer != "hf":
-    items.append(("tokenizer", os.path.join(data_dir, "tokenizers", f"{key}.model")))
+    items.append(("tokenizer", tokenizer_path(config, data_dir)))
   names = ([mixture.shards_name(config, c) for c in corpora] if corpora else
            [key + (builders.KNOWLEDGE_SUFFIX if spans else "")])
   for n in names:
     items.append(("tokenized dataset", os.path.join(
         data_dir, "bertjax_tokenized", n, tokenized.VERSION)))
   return items
+
+
+def tokenizer_path(config, data_dir: str) -> str:
+  """Where prepare stores (or finds) the tokenizer it trains for ``config``:
+  ``<data_dir>/tokenizers/<source or mixture key>.model``."""
+  corpora = mixture.parse(config)
+  key = mixture.name(corpora) if corpora else builders.source_key(config.dataset)
+  return os.path.join(data_dir, "tokenizers", f"{key}.model")
 
 
 def unprepared(config, data_dir: str) -> list[tuple[str, str]]:
@@ -227,9 +235,11 @@ def missing_lines(data_dir: str, missing: list[tuple[str, str]]) -> list[str]:
 
 def check_inputs(config, data_dir: str | None = None, workdir: str | None = None) -> None:
   """Refuses, reading only and before any directory is made, a dataset,
-  split or tokenizer that is not set or not known, or local text files that
+  split or tokenizer that is not set or not known, local text files that
   match nothing (each input of a mixture too) unless ``data_dir`` holds the
-  text prepared from them, or whose directories hold the workdir or data_dir."""
+  text prepared from them, or whose directories hold the workdir or data_dir,
+  and a vocab_size (or tokenizer type) that a tokenizer already there, stored
+  in ``data_dir`` or imported, does not have."""
   if not config.get("dataset"):
     raise ValueError("config.dataset is empty; set --config.dataset, e.g. bertjax_python_docs.")
   if not config.get("train_split"):
@@ -263,6 +273,8 @@ def check_inputs(config, data_dir: str | None = None, workdir: str | None = None
               f"{read[same]!r} ({len(found)} files); list each corpus once and "
               f"give it a weight instead.")
         read[same] = c.entry
+  if data_dir is not None:  # a tokenizer already there fixes vocab_size
+    tokenizer_fit.check_existing(config, tokenizer_path(config, data_dir))
 
 
 def _prepare_mirrored(config, data_dir: str, spans,

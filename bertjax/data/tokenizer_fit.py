@@ -185,6 +185,28 @@ def check_imported(config) -> None:
       "recorded", path, said)
 
 
+def _check_imported_size(config, tok, path: str) -> None:
+  if tok.vocab_size != config.vocab_size:
+    raise ValueError(
+        f"Tokenizer {path} has vocab size {tok.vocab_size} but config.vocab_size "
+        f"is {config.vocab_size}; set --config.vocab_size={tok.vocab_size}.")
+
+
+def check_existing(config, stored_path: str | None) -> None:
+  """Refuses, reading only, a config that does not fit a tokenizer that is
+  already there (its vocab size or type): the imported one of
+  ``tokenizer='hf'``, or the one stored at ``stored_path`` by an earlier
+  prepare. So a run stops before it locks its workdir or prepares anything,
+  not in the middle of prepare; a tokenizer still to be trained is checked
+  as it trains (``tokenizer_lib.train``).
+  """
+  if config.tokenizer == "hf":
+    path = _imported_dir(config)
+    _check_imported_size(config, units.load_tokenizer(path), path)
+  elif stored_path and paths.exists(stored_path):
+    check_tokenizer(config, tokenizer_lib.Tokenizer(stored_path), stored_path)
+
+
 def tokenizer_for(config, data_dir: str, key: str,
                   trains: Sequence[text_sources.Split],
                   engine: text_sources.Engine, label: str):
@@ -196,10 +218,7 @@ def tokenizer_for(config, data_dir: str, key: str,
   if config.tokenizer == "hf":
     path = _imported_dir(config)
     tok = units.load_tokenizer(path)
-    if tok.vocab_size != config.vocab_size:
-      raise ValueError(
-          f"Tokenizer {path} has vocab size {tok.vocab_size} but config.vocab_size "
-          f"is {config.vocab_size}; set --config.vocab_size={tok.vocab_size}.")
+    _check_imported_size(config, tok, path)
     return tok
   path = os.path.join(data_dir, "tokenizers", f"{key}.model")
   if os.path.exists(path):
