@@ -14,7 +14,7 @@ embedding width E (``6 * E * H * T``), the generator's MLM head at the
 predicted slots (``6 * (H_g * E + E * V) * P``) and the discriminator's
 per-token head (``6 * (H*H + H) * T``), and no pooler.
 
-With ``config.sparse_last_layer`` (BERT's encoder, unscanned) the last layer
+With ``config.sparse_last_layer`` (BERT's encoder, scanned or not) the last layer
 computes its queries, output projection, feed-forward and attention only at
 the R = B * (max_predictions_per_seq + 1 if there is a sentence head else
 + 0) rows the heads read, so the T - R other rows are not counted:
@@ -125,8 +125,7 @@ def step_flops(config) -> float:
   if config.get("model") == "xlnet":
     return _xlnet_flops(config, size, s, tokens, predictions)
   total = encoder_flops(size, s, tokens)
-  if (config.get("model", "bert") == "bert" and config.get("sparse_last_layer", False)
-      and not config.get("scan_layers", False)):
+  if config.get("model", "bert") == "bert" and config.get("sparse_last_layer", False):
     rows = predictions + b * int(bool(config.get("sentence_head", True)))
     f = size.mlp_dim
     total -= (6.0 * (2 * h * h + 2 * h * f) + 12.0 * h * s) * (tokens - rows)

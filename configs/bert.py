@@ -95,7 +95,7 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   c.attention_impl = "auto"
   # The last layer computes only the rows the losses read ([CLS] and the
   # masked positions; keys and values from every row): same logits, fewer
-  # FLOPs (bertjax/models/bert.py). Ignored with scan_layers.
+  # FLOPs (bertjax/models/bert.py), with scan_layers too.
   c.sparse_last_layer = True
 
   # --- optimisation (BERT paper defaults) ------------------------------------

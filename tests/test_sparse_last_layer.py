@@ -10,6 +10,7 @@ import pytest
 
 from bertjax import config_files
 from bertjax import models
+from bertjax.models import encoder as encoder_lib
 
 bert_config = config_files.shipped("bert")
 
@@ -114,13 +115,43 @@ def test_an_objectives_own_attention_mask_is_narrowed_to_the_rows():
   assert float(jnp.max(jnp.abs(other["mlm_logits"] - got["mlm_logits"]))) > 1e-3
 
 
-def test_scanned_stacks_and_spanbert_keep_every_row():
-  # A scanned stack cannot run its last layer apart: the flag is ignored
-  # there, and SpanBERT's boundary head reads rows that are not predicted.
-  scanned = models.get_model(_config(sparse_last_layer=True, scan_layers=True))
+@pytest.mark.parametrize("fields", [{}, {"remat": "full"}], ids=["default", "remat"])
+def test_a_scanned_stack_narrows_its_last_step_too(fields):
+  # It used to ignore the flag and compute every row. The same parameters,
+  # stacked, give the full unscanned model's heads and gradients.
+  full = models.get_model(_config(sparse_last_layer=False))
+  scanned = models.get_model(_config(sparse_last_layer=True, scan_layers=True,
+                                     **fields))
   inputs = _inputs()
-  out = scanned.apply(jax.jit(scanned.init)(jax.random.key(1), inputs), inputs)
-  assert out["hidden"].shape == (B, L, 32)
+  params = nn.unbox(jax.jit(full.init)(jax.random.key(1), inputs)["params"])
+  stacked = {**params, "encoder": encoder_lib.stack_layers(params["encoder"], 2)}
+  layout = nn.unbox(jax.eval_shape(scanned.init, jax.random.key(1), inputs)["params"])
+  assert (jax.tree.map(lambda a: a.shape, layout)
+          == jax.tree.map(lambda a: a.shape, stacked))
+  shapes = jax.eval_shape(lambda p: _heads(full.apply({"params": p}, inputs)), params)
+  weights = {k: jax.random.normal(jax.random.key(i), v.shape)
+             for i, (k, v) in enumerate(sorted(shapes.items()))}
+
+  def run(m, p):
+    def f(p):
+      out = m.apply({"params": p}, inputs)
+      return sum(jnp.sum(out[k] * w) for k, w in weights.items()), out
+    return jax.jit(jax.grad(f, has_aux=True))(p)
+
+  (g_want, want), (g_got, got) = run(full, params), run(scanned, stacked)
+  assert "hidden" in want and "hidden" not in got
+  for k in weights:
+    np.testing.assert_allclose(got[k], want[k], atol=TOL, rtol=TOL, err_msg=k)
+  g_want = {**g_want, "encoder": encoder_lib.stack_layers(g_want["encoder"], 2)}
+  scale = max(float(jnp.max(jnp.abs(w))) for w in jax.tree.leaves(g_want))
+  for (path, w), g in zip(jax.tree_util.tree_leaves_with_path(g_want),
+                          jax.tree.leaves(g_got)):
+    np.testing.assert_allclose(g / scale, w / scale, atol=TOL,
+                               err_msg=jax.tree_util.keystr(path))
+
+
+def test_spanbert_keeps_every_row():
+  # SpanBERT's boundary head reads rows that are not predicted.
   span = config_files.shipped("spanbert").get_config("tiny")
   span.sparse_last_layer = True
   assert models.get_model(span).sparse_last_layer is False

@@ -177,7 +177,7 @@ class BertForPretraining(nn.Module):
     attention_impl: the attention kernel (``config.attention_impl``), a name
       of ``attention.IMPLS``; 'auto' picks per platform.
     sparse_last_layer: the last layer computes only [CLS] and the masked
-      positions (module docstring); ignored with ``scan_layers``.
+      positions (module docstring), scanned or not (``encoder.Encoder``).
   """
   vocab_size: int
   max_position_embeddings: int
@@ -244,7 +244,7 @@ class BertForPretraining(nn.Module):
     context = (None if inputs.get("attention_mask") is not None
                else {"doc_ids": inputs["doc_ids"]})
     masked_positions = inputs["masked_positions"]
-    if self.sparse_last_layer and not self.scan_layers:
+    if self.sparse_last_layer:
       return self._heads_at_rows(x, mask, deterministic, context, masked_positions)
     hidden = self.encoder(x, mask, deterministic, context)
     outputs = dict(mlm_logits=self.mlm_logits(hidden, masked_positions),

@@ -31,17 +31,42 @@ LAYERS_AXIS = "layers"
 
 
 class _ScannedBlock(nn.Module):
-  """One scan step: a block whose output is both the carry and no output."""
+  """One scan step: a block whose output is both the carry and no output.
+
+  With ``last`` set (``query_rows`` of a scanned stack) the carry is (x,
+  layer index) and the step of index ``last`` computes only ``rows`` of its
+  output, as the unscanned last block does (``_at_rows``), and writes them
+  back into x [batch, length, embed]; ``nn.cond`` runs that narrow branch at
+  that step only, with the same block parameters (the layout is unchanged).
+  """
   block_cls: Any
   block_kwargs: dict[str, Any]
   deterministic: bool
+  last: int = -1
 
-  @nn.compact
-  def __call__(self, x: jax.Array, mask: jax.Array,
-               context: dict[str, jax.Array]) -> tuple[jax.Array, None]:
-    x = self.block_cls(**self.block_kwargs, name="block")(
-        x, mask, self.deterministic, context)
-    return sharding.constrain(x, layers.HIDDEN_AXES), None
+  def setup(self):
+    self.block = self.block_cls(**self.block_kwargs)
+
+  def __call__(self, carry, mask: jax.Array, context: dict[str, jax.Array],
+               rows: jax.Array | None = None):
+    if self.last < 0:
+      x = self.block(carry, mask, self.deterministic, context)
+      return sharding.constrain(x, layers.HIDDEN_AXES), None
+    x, index = carry
+    x = nn.cond(index == self.last, _ScannedBlock._narrow, _ScannedBlock._full,
+                self, x, mask, context, rows)
+    return (sharding.constrain(x, layers.HIDDEN_AXES), index + 1), None
+
+  def _full(self, x, mask, context, rows):
+    del rows
+    return self.block(x, mask, self.deterministic, context)
+
+  def _narrow(self, x, mask, context, rows):
+    narrow_mask, narrow_context = _at_rows(x, mask, context, rows)
+    y = self.block(x, narrow_mask, self.deterministic, narrow_context)
+    # A row listed twice (unused slots point at 0) got the same value twice.
+    batch = jnp.arange(x.shape[0])[:, None]
+    return x.at[batch, rows].set(y.astype(x.dtype))
 
 
 class Encoder(nn.Module):
@@ -83,15 +108,14 @@ class Encoder(nn.Module):
     ``layers.doc_attention_mask``; ``context`` goes to every block unchanged (see
     ``EncoderBlock``).
 
-    ``query_rows`` (optional, int32 [batch, rows], unscanned stacks only):
-    the last block computes only these rows of its output, [batch, rows,
-    embed], when the caller reads no other (a pretraining loss reads the
-    predicted slots and [CLS]). Its keys and values still come from every
-    row; its queries, output projection and feed-forward skip the rest.
+    ``query_rows`` (optional, int32 [batch, rows]): the last block computes
+    only these rows of its output, [batch, rows, embed], when the caller
+    reads no other (a pretraining loss reads the predicted slots and [CLS]).
+    Its keys and values still come from every row; its queries, output
+    projection and feed-forward skip the rest. A scanned stack runs that
+    narrow block as its last scan step (``_ScannedBlock``).
     """
     context = dict(context or {})
-    if query_rows is not None and self.scan_layers:
-      raise ValueError("query_rows needs an unscanned stack (scan_layers=False).")
     if self.remat != "none" and self.remat not in REMAT_POLICIES:
       raise ValueError(
           f"Unknown remat policy {self.remat!r}; set --config.remat to one of "
@@ -109,15 +133,19 @@ class Encoder(nn.Module):
         layer_norm_eps=self.layer_norm_eps, activation=self.activation)
     x = sharding.constrain(x, layers.HIDDEN_AXES)
     if self.scan_layers:
+      narrow = query_rows is not None
       stack = nn.scan(
           _ScannedBlock, variable_axes={"params": 0},
           split_rngs={"params": True, "dropout": True},
-          in_axes=(nn.broadcast, nn.broadcast), length=self.num_layers,
+          in_axes=(nn.broadcast,) * (3 if narrow else 2), length=self.num_layers,
           metadata_params={nn.PARTITION_NAME: LAYERS_AXIS})
-      x, _ = stack(block_cls=block_cls, block_kwargs=kwargs,
-                   deterministic=deterministic, name=LAYERS_AXIS)(
-                       x, mask, context)
-      return x
+      stack = stack(block_cls=block_cls, block_kwargs=kwargs,
+                    deterministic=deterministic,
+                    last=self.num_layers - 1 if narrow else -1, name=LAYERS_AXIS)
+      if not narrow:
+        return stack(x, mask, context)[0]
+      (x, _), _ = stack((x, jnp.int32(0)), mask, context, query_rows)
+      return jnp.take_along_axis(x, query_rows[:, :, None], axis=1)
     for i in range(self.num_layers):
       if i == self.num_layers - 1 and query_rows is not None:
         mask, context = _at_rows(x, mask, context, query_rows)
