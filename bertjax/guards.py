@@ -6,7 +6,9 @@ comes, the run ends with ``Preempted`` and ``python -m bertjax.main`` exits
 with status ``EXIT_PREEMPTED`` (75, EX_TEMPFAIL: "try again"); rerunning the
 same command goes on:
   - before the first step (start-up, data preparation, restore): nothing new
-    to save, the newest checkpoint stays the newest;
+    to save, the newest checkpoint stays the newest; data preparation stops
+    at once (``sigterm_raises``, as ``bertjax.prepare``), keeping the units
+    already prepared for the rerun (one process; on pods it finishes first);
   - during training, or while a checkpoint is being written: a checkpoint of
     the current step is saved and the loop waits for it to commit;
   - during an evaluation: the evaluation is abandoned (the final one is rerun
@@ -35,6 +37,7 @@ the newest; with ``'skip'`` it carries on and stops only after
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
@@ -74,6 +77,15 @@ class Preempted(Exception):
               else f"the newest checkpoint is step {newest}")
     return cls(step, f"Preempted before the first step; nothing new to save "
                      f"({newest}), run the same command again to go on.")
+
+  @classmethod
+  def while_preparing(cls, newest: int | None) -> "Preempted":
+    """SIGTERM while ``bertjax.main`` prepared the data (``sigterm_raises``)."""
+    saved = ("no checkpoint yet" if newest is None
+             else f"the newest checkpoint is step {newest}")
+    return cls(newest or 0, f"Preempted while preparing the data ({saved}); run "
+                            "the same command again to go on from the units "
+                            "already prepared.")
 
   @classmethod
   def while_connecting(cls) -> "Preempted":
@@ -140,6 +152,52 @@ def catch_sigterm() -> None:
     signal.signal(signal.SIGTERM, _on_sigterm)
     if hasattr(signal, "pthread_sigmask"):
       signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+
+class Terminated(Exception):
+  """SIGTERM came inside ``sigterm_raises`` (raised where the main thread was)."""
+
+
+def _raise_terminated(signum, frame):
+  del signum, frame
+  _SIGTERM.set()
+  signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second one ends it at once
+  raise Terminated
+
+
+@contextlib.contextmanager
+def sigterm_raises():
+  """Within it SIGTERM raises ``Terminated`` at once, wherever the main thread
+  is, instead of being remembered for the next safe point.
+
+  For work that is safe to stop anywhere and may run long without a safe
+  point of its own: prepare (every unit is staged and published by rename,
+  bertjax/data/staged.py), convert (an import is staged, an export removes
+  what it wrote). One remembered before (``catch_sigterm``) raises on entry;
+  on exit the handler from before is back. Main thread only, and not with
+  ``jax.distributed`` running, whose notifier has SIGTERM (there: no effect).
+  """
+  if (threading.current_thread() is not threading.main_thread()
+      or _several_processes()):
+    yield
+    return
+  previous = signal.signal(signal.SIGTERM, _raise_terminated)
+  try:
+    if _SIGTERM.is_set():
+      raise Terminated
+    yield
+  finally:
+    # None: a handler not set from Python, which cannot be set back.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+def finish_on_sigterm() -> None:
+  """From here to the end of the ``sigterm_raises`` block a SIGTERM is
+  remembered, not raised: for its last part, which a stop would leave half
+  done (an import's moves into the workdir) and which is short."""
+  if (threading.current_thread() is threading.main_thread()
+      and signal.getsignal(signal.SIGTERM) is _raise_terminated):
+    signal.signal(signal.SIGTERM, _on_sigterm)
 
 
 def _several_processes() -> bool:

@@ -26,7 +26,6 @@ disk its workers share (its workers cannot read ArrayRecord from GCS).
 """
 
 import errno
-import signal
 import sys
 
 from absl import app
@@ -81,14 +80,6 @@ def _verify(data_dir: str, *, required: bool) -> list[shards.Report]:
   return reports
 
 
-class _Terminated(Exception):
-  """SIGTERM arrived (raised in the main thread by ``_on_sigterm``)."""
-
-
-def _on_sigterm(signum, frame):
-  del signum, frame
-  signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second one ends it at once
-  raise _Terminated
 
 
 def _no_space(error: BaseException) -> bool:
@@ -98,8 +89,11 @@ def _no_space(error: BaseException) -> bool:
 
 def main(argv):
   try:
-    _main(argv)
-  except _Terminated:
+    # SIGTERM (a job's scheduler, a preempted VM) stops as Ctrl-C does: the
+    # workers stopped, one line, status 75 (as bertjax.main's): rerun to go on.
+    with guards.sigterm_raises():
+      _main(argv)
+  except guards.Terminated:
     # The pool's workers were stopped on the way up (prepare's clean-up).
     print("error: stopped by SIGTERM; run the same command again to go on from "
           "the units already prepared.", file=sys.stderr, flush=True)
@@ -119,9 +113,6 @@ def _main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.INFO)
-  # SIGTERM (a job's scheduler, a preempted VM) stops as Ctrl-C does: the
-  # workers stopped, one line, status 75 (as bertjax.main's): rerun to go on.
-  signal.signal(signal.SIGTERM, _on_sigterm)
   # prepare logs each step and its duration; TFDS's progress bars only add noise.
   tfds.disable_progress_bar()
   config = _CONFIG.value

@@ -325,8 +325,12 @@ def _train_and_evaluate(config, workdir, stop_at_step, preemption):
     raise guards.Preempted.before_first_step(start)
   # Process 0 prepares what is missing while the others wait (bertjax/multihost.py).
   data_dir = prepare.resolve_data_dir(config, workdir)
-  prepared = multihost.process_0_first(lambda: prepare.prepare(config, data_dir),
-                                       "prepare the data")
+  try:  # SIGTERM stops preparing at once, as it stops bertjax.prepare (one process)
+    with guards.sigterm_raises():
+      prepared = multihost.process_0_first(lambda: prepare.prepare(config, data_dir),
+                                           "prepare the data")
+  except guards.Terminated:
+    raise guards.Preempted.while_preparing(start) from None
   config_validation.check_prepared(config, prepared)
   if start is not None:
     checkpointer.check_tokenizer(prepared.fingerprint, start)

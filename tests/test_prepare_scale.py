@@ -243,11 +243,14 @@ def test_one_line_50mb_file_is_read_a_block_at_a_time(demo_config, tmp_path):
   assert docs[50] >= 12  # cut into pieces of about 4 MB
 
 
-def test_sigterm_stops_workers_with_one_line_and_status_75(corpus, tmp_path):
+@pytest.mark.parametrize("binary", ["prepare", "main"])
+def test_sigterm_stops_workers_with_one_line_and_status_75(corpus, tmp_path, binary):
   """SIGTERM (to the prepare only, as a scheduler sends it) while tokenizing:
-  the workers are stopped, one line says to rerun, status 75 (bertjax.main's)."""
+  the workers are stopped, one line says to rerun, status 75 (bertjax.main's).
+  bertjax.main, preparing before it trains, stops there too, not once its
+  preparation ends (a preempted VM has about 30 s), keeping the staged units."""
   workdir = tmp_path / "run"
-  flags = [sys.executable, "-m", "bertjax.prepare", "--config=bert.py:tiny",
+  flags = [sys.executable, "-m", f"bertjax.{binary}", "--config=bert.py:tiny",
            f"--workdir={workdir}", "--config.dataset=bertjax_local_text",
            f"--config.text_files={corpus}/*.txt", "--config.vocab_size=600",
            f"--config.prepare_block_mb={_BLOCK_MB}",
@@ -255,19 +258,26 @@ def test_sigterm_stops_workers_with_one_line_and_status_75(corpus, tmp_path):
   env = dict(os.environ, PYTHONPATH=os.getcwd())
   proc = subprocess.Popen(flags, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True, env=env, cwd=str(tmp_path))
-  staging = workdir / "data" / "bertjax_tokenized" / "bertjax_local_text" / "1.0.0" / (
-      staged.STAGING)
+  tokenized = workdir / "data" / "bertjax_tokenized" / "bertjax_local_text" / "1.0.0"
+  staging = tokenized / staged.STAGING
   deadline = time.time() + 300
   while time.time() < deadline and proc.poll() is None and not staging.exists():
     time.sleep(0.05)
   assert proc.poll() is None, "prepare finished before it could be stopped"
   proc.send_signal(signal.SIGTERM)
-  _, stderr = proc.communicate(timeout=120)
+  stdout, stderr = proc.communicate(timeout=120)
   assert proc.returncode == 75, stderr[-2000:]
-  assert stderr.strip().splitlines()[-1] == (
-      "error: stopped by SIGTERM; run the same command again to go on from the "
-      "units already prepared.")
+  if binary == "prepare":
+    assert stderr.strip().splitlines()[-1] == (
+        "error: stopped by SIGTERM; run the same command again to go on from the "
+        "units already prepared.")
+  else:
+    assert stdout.strip().splitlines()[-1] == (
+        "Preempted while preparing the data (no checkpoint yet); run the same "
+        "command again to go on from the units already prepared.")
   assert "Traceback" not in stderr and "leaked" not in stderr, stderr[-2000:]
+  # Stopped midway: what was staged stays for the rerun, nothing is published.
+  assert staging.is_dir() and not staged.is_published(tokenized)
 
 
 @pytest.mark.parametrize("error, where", [
