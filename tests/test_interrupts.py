@@ -1,5 +1,5 @@
 """SIGTERM to the binaries other than bertjax.main's train loop (evaluate,
-finetune) and TensorBoard event files of quick restarts: exit 75 with one
+finetune, convert) and TensorBoard event files of quick restarts: exit 75 with one
 line, nothing partial left in the workdir, the rerun goes on."""
 
 import os
@@ -65,6 +65,35 @@ def test_sigterm_during_evaluate_exits_75_writes_nothing_and_rerun_evaluates(
   rerun = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert rerun.returncode == 0, rerun.stderr[-3000:]
   assert _listing(workdir) == before | {f"eval_{STEPS}-2.json"}
+
+
+def test_evaluate_on_several_processes_stops_at_jaxs_sync_point(monkeypatch):
+  """bertjax.evaluate on several processes asked nothing before its batches
+  and finished the whole evaluation after a SIGTERM; it now asks JAX's sync
+  point before each batch (as the train loop after each step), so every
+  process stops before the same one."""
+  import jax
+  from jax._src import distributed
+  from jax.experimental import multihost_utils
+  from bertjax import checkpointing
+  from bertjax import config_files
+  from bertjax import evaluation
+  from bertjax import multihost
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  monkeypatch.setattr(distributed.global_state, "client", object())
+  monkeypatch.setattr(multihost, "check_same_run", lambda *args: [])
+  asked = []
+  monkeypatch.setattr(multihost_utils, "reached_preemption_sync_point",
+                      lambda n: asked.append(n) or n == 3)
+  monkeypatch.setattr(checkpointing, "read_while_training",
+                      lambda workdir, step, evaluate: evaluate(step))
+  # Each batch of the evaluation asks before it is scored.
+  monkeypatch.setattr(evaluation, "_evaluate_checkpoint",
+                      lambda config, workdir, step, should_stop: [
+                          should_stop() for _ in range(4)])
+  config = config_files.shipped("bert").get_config("tiny")
+  got = evaluation.evaluate_checkpoint(config, "/w", should_stop=lambda: False)
+  assert got == [False, False, True, False] and asked == [1, 2, 3, 4]
 
 
 def _finetune_config(**overrides):
@@ -142,29 +171,88 @@ def test_two_starts_within_one_second_keep_both_event_files(tmp_path, monkeypatc
       {"loss": {1: 1.0, 2: 2.0, 3: 3.0}}, {"loss": {3: 13.0, 4: 14.0}}]
 
 
-def test_an_export_stopped_midway_is_replaced_by_the_rerun(tmp_path, trained, monkeypatch):
+def test_an_export_killed_midway_is_replaced_by_the_rerun_but_no_file_of_yours(
+    tmp_path, trained, monkeypatch):
   # Its files were written before its manifest: the rerun (with --overwrite
-  # too) refused the directory as one holding no earlier export.
+  # too) refused the directory as one holding no earlier export. Then its
+  # manifest listed every name an export may write, so the rerun deleted a
+  # file of yours of such a name that it had never begun to write.
   from bertjax.convert import export
   from bertjax.convert import export_target
   workdir, _ = trained
   whole = export.export_hf(workdir, str(tmp_path / "whole"))
   out = tmp_path / "hf"
 
-  def stopped(*args, **kwargs):
-    # The last file half-written (a temporary file not renamed yet), then
-    # the signal.
-    (out / ".tokenizer.json.tmp-1-2").write_text("{")
+  def killed(*args, **kwargs):
+    # The weights half-written (a temporary file not renamed yet), then the
+    # kill, before any tokenizer file was begun.
+    (out / ".model.safetensors.tmp-1-2").write_text("{")
     raise KeyboardInterrupt
 
-  monkeypatch.setattr(export_target, "write_manifest", stopped)
+  monkeypatch.setattr(export, "tokenizer_files", killed)
+  monkeypatch.setattr(export_target, "remove_earlier", lambda *args: None)  # a kill cleans up nothing
   with pytest.raises(KeyboardInterrupt):
     export.export_hf(workdir, str(out))
   monkeypatch.undo()
+  assert (out / export_target.MANIFEST).exists()
+  (out / "tokenizer_config.json").write_text("mine")  # yours, put there since
+  with pytest.raises(ValueError, match="tokenizer_config.json, which the earlier "
+                     "export did not write"):
+    export.export_hf(workdir, str(out))
+  assert (out / "tokenizer_config.json").read_text() == "mine"
+  (out / "tokenizer_config.json").unlink()  # moved away, as the refusal says
   assert export.export_hf(workdir, str(out)) == whole
   assert sorted(os.listdir(out)) == sorted(os.listdir(tmp_path / "whole"))
   for name in os.listdir(out):
     assert (out / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
+
+
+# In bertjax.convert's process: the export waits once it has begun its first
+# tokenizer file (half-written), and says so in a file.
+_SLOW_TOKENIZER = """
+import os, time
+from bertjax.convert import export
+
+def _waits(config, workdir, out_dir, record=None):
+  if record is not None:
+    record("spiece.model")
+  with open(os.path.join(out_dir, ".spiece.model.tmp-1-2"), "w") as f:
+    f.write("half")
+  open(os.environ["BERTJAX_TEST_WRITING"], "w").close()
+  time.sleep(600)
+
+export.tokenizer_files = _waits
+"""
+
+
+def test_sigterm_during_an_export_exits_75_and_leaves_nothing(tmp_path, trained):
+  # It died of the signal (143), leaving its files and an unfinished manifest.
+  from bertjax.convert import export
+  workdir, _ = trained
+  hooks = tmp_path / "hooks"
+  hooks.mkdir()
+  (hooks / "sitecustomize.py").write_text(_SLOW_TOKENIZER)
+  writing, out = tmp_path / "writing", tmp_path / "hf"
+  env = dict(os.environ, BERTJAX_TEST_WRITING=str(writing),
+             PYTHONPATH=os.pathsep.join([str(hooks), ROOT]))
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "bertjax.convert", f"--to_hf={out}", f"--workdir={workdir}"],
+      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:
+    wait_for(writing.exists, proc)
+    assert (out / "model.safetensors").exists()  # stopped midway
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.wait()
+  assert proc.returncode == guards.EXIT_PREEMPTED, err[-3000:]
+  assert err.strip().splitlines()[-1] == (
+      f"error: stopped by SIGTERM before the end of the export (nothing of it is "
+      f"left in --to_hf={out}); run the same command again.")
+  assert not out.exists()  # made by the export, and nothing of it left
+  assert export.export_hf(workdir, str(out))["step"] == STEPS  # the rerun
 
 
 def _sigterm_pending_at_start():

@@ -22,16 +22,27 @@ XLNetLMHeadModel; SpanBERT exports as a BERT):
 (then --overwrite replaces it: only the files that export wrote are removed);
 a bertjax workdir or a directory of other files is refused
 (bertjax/convert/export_target.py).
+
+SIGTERM (a scheduler, a preempted VM) stops either at once, with one line and
+exit status 75 (EX_TEMPFAIL, as the other binaries: run the same command
+again); Ctrl-C alike, status 130. An import stopped so leaves the workdir as
+it was (it is staged, then moved into place), an export removes what it wrote.
 """
 
-import json
+from bertjax import guards
 
-from absl import app
-from absl import flags
+if __name__ == "__main__":
+  guards.catch_sigterm()  # remembered until main's sigterm_raises takes it
 
-from bertjax import cli
-from bertjax import config_files
-from bertjax import paths
+import json  # noqa: E402
+import sys  # noqa: E402
+
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+
+from bertjax import cli  # noqa: E402
+from bertjax import config_files  # noqa: E402
+from bertjax import paths  # noqa: E402
 
 _FROM_HF = flags.DEFINE_string("from_hf", None, "HF model directory to import.")
 _TO_HF = flags.DEFINE_string("to_hf", None, "Directory to write the HF model into.")
@@ -54,6 +65,18 @@ def _default_config(model: str):
 
 
 def main(argv):
+  try:
+    with guards.sigterm_raises():
+      return _main(argv)
+  except guards.Terminated:
+    what = (f"the export (nothing of it is left in --to_hf={_TO_HF.value})"
+            if _TO_HF.value else "the import (the workdir is as it was)")
+    print(f"error: stopped by SIGTERM before the end of {what}; run the same "
+          "command again.", file=sys.stderr, flush=True)
+    return guards.EXIT_PREEMPTED
+
+
+def _main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   if bool(_FROM_HF.value) == bool(_TO_HF.value):

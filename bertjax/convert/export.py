@@ -76,16 +76,17 @@ def _load_params(workdir: str, step: int | None) -> tuple[dict[str, Any], Any, i
   return config, params, step
 
 
-def _bertjax_tokenizer_files(config: dict[str, Any], workdir: str, out_dir: str) -> list[str]:
+def _bertjax_tokenizer_files(config: dict[str, Any], workdir: str, out_dir: str,
+                             record=None) -> list[str]:
   """Exports a tokenizer bertjax trained (sentencepiece) as an HF one
-  (``spm_export``); the names written."""
+  (``spm_export``); the names written (each passed to ``record`` first)."""
   data_dir = config.get("data_dir") or paths.join(workdir, "data")
   models = sorted(paths.path(data_dir).glob("tokenizers/*.model"))
   if not models:
     logging.warning("No tokenizer under %s/tokenizers; exported the weights only.",
                     data_dir)
     return []
-  return spm_export.write(config, str(models[0]), out_dir)
+  return spm_export.write(config, str(models[0]), out_dir, record=record)
 
 
 def kept_tensors(config: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -162,23 +163,27 @@ def export_hf(workdir: str, out_dir: str, step: int | None = None,
   companions = {}
   if hasattr(mapping, "split_companion"):  # ELECTRA's generator, see read_companion
     tensors, companions = mapping.split_companion(dims, pad_id, tensors)
-  export_target.begin(out_dir, earlier, workdir, step)
-  hf_files.write(out_dir, mapping.hf_config(dims, pad_id), tensors)
-  written = [hf_files.CONFIG_FILE, hf_files.SAFETENSORS]
-  for subdir, (companion_config, companion) in companions.items():
-    hf_files.write(paths.join(out_dir, subdir), companion_config, companion)
-    written += [f"{subdir}/{hf_files.CONFIG_FILE}", f"{subdir}/{hf_files.SAFETENSORS}"]
-  files = tokenizer_files(config, workdir, out_dir)
-  export_target.write_manifest(out_dir, written + files, workdir, step)
+  with export_target.begin(out_dir, earlier, workdir, step) as export:
+    hf_files.write(out_dir, mapping.hf_config(dims, pad_id), tensors,
+                   record=export.writing)
+    written = [hf_files.CONFIG_FILE, hf_files.SAFETENSORS]
+    for subdir, (companion_config, companion) in companions.items():
+      hf_files.write(paths.join(out_dir, subdir), companion_config, companion,
+                     record=export.under(subdir))
+      written += [f"{subdir}/{hf_files.CONFIG_FILE}", f"{subdir}/{hf_files.SAFETENSORS}"]
+    files = tokenizer_files(config, workdir, out_dir, record=export.writing)
+    export.finish(written + files)
   if left_out:
     logging.warning("Left out %s: %s has no place for them.", left_out, mapping.HF_ARCHITECTURE)
   return {"step": step, "tokenizer_files": files, "left_out": left_out}
 
 
-def tokenizer_files(config: dict[str, Any], workdir: str, out_dir: str) -> list[str]:
+def tokenizer_files(config: dict[str, Any], workdir: str, out_dir: str,
+                    record=None) -> list[str]:
   """Writes the tokenizer of a workdir's model into an export; the names
-  written: an import's own files, or the sentencepiece model bertjax trained."""
+  written: an import's own files, or the sentencepiece model bertjax trained.
+  ``record``: called with each name before that file is written."""
   tok_path = config.get("tokenizer_path")
   if config.get("tokenizer") == "hf" and tok_path and paths.isdir(tok_path):
-    return hf_files.copy_tokenizer_files(tok_path, out_dir)
-  return _bertjax_tokenizer_files(config, workdir, out_dir)
+    return hf_files.copy_tokenizer_files(tok_path, out_dir, record=record)
+  return _bertjax_tokenizer_files(config, workdir, out_dir, record=record)

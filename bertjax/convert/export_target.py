@@ -9,9 +9,11 @@ The rule (also in docs/interop.md):
     export writes, listing its files): refused unless ``overwrite``; with it
     the files that manifest lists are removed first, so nothing stale of the
     earlier export stays (an ELECTRA's ``generator/`` under a BERT);
-  * a directory holding an unfinished export (stopped midway: SIGTERM,
-    Ctrl-C, a kill; ``begin`` wrote its manifest before any other file):
-    replaced, with or without ``overwrite``;
+  * a directory holding an unfinished export (killed midway; ``begin``
+    wrote its manifest before any other file, and it names each file before
+    that file is written): the files it names are replaced, with or without
+    ``overwrite``. An export stopped by SIGTERM, Ctrl-C or an error removes
+    what it wrote itself (``begin``), manifest last;
   * any other non-empty directory, or an earlier export beside which the
     user put a file of a name an export writes: refused. Nothing that an
     export did not write is ever deleted or overwritten.
@@ -19,9 +21,11 @@ The rule (also in docs/interop.md):
 
 from __future__ import annotations
 
+import contextlib
 import json
-from typing import Iterable
+from typing import Iterable, Iterator
 
+from absl import logging
 from etils import epath
 
 from bertjax import paths
@@ -135,21 +139,65 @@ def remove_earlier(out_dir: str, files: Iterable[str]) -> None:
     generator.rmdir()
 
 
-def begin(out_dir: str, earlier: Iterable[str], workdir: str, step: int) -> None:
+class Export:
+  """An export being written into ``out_dir``: ``writing`` names each file in
+  the manifest, marked unfinished, before the file is written, so that a
+  rerun after a kill removes only files this export began (a user's file of
+  an export's name is then refused by ``check``, not deleted)."""
+
+  def __init__(self, out_dir: str, workdir: str, step: int):
+    self.out_dir, self.workdir, self.step = out_dir, str(workdir), int(step)
+    self.files: list[str] = []
+    self._record(unfinished=True)
+
+  def _record(self, **extra) -> None:
+    paths.write_json(paths.join(self.out_dir, MANIFEST), {
+        "files": sorted(self.files), "workdir": self.workdir, "step": self.step,
+        **extra}, indent=2)
+
+  def writing(self, *names: str) -> None:
+    """Records ``names`` (relative, '/'-separated) before they are written."""
+    new = [n for n in names if n not in self.files]
+    if new:
+      self.files += new
+      self._record(unfinished=True)
+
+  def under(self, subdir: str):
+    """``writing`` for the files of ``subdir`` (ELECTRA's generator)."""
+    return lambda *names: self.writing(*(f"{subdir}/{n}" for n in names))
+
+  def finish(self, files: Iterable[str]) -> None:
+    """Records what the export wrote, so a later --overwrite removes exactly
+    that. Its last write: a SIGTERM from here on lets the export end."""
+    from bertjax import guards
+    guards.finish_on_sigterm()
+    self.files = list(files)
+    self._record()
+
+
+@contextlib.contextmanager
+def begin(out_dir: str, earlier: Iterable[str], workdir: str,
+          step: int) -> Iterator[Export]:
   """Removes an earlier export's files (``check``'s list), then records an
-  unfinished export, listing every name an export may write, before any is
-  written: one stopped midway is then replaced by the rerun (without it, the
-  rerun refused the directory as one of other files, with --overwrite too)."""
+  unfinished export before any file is written: one killed midway is
+  replaced by the rerun (without it, the rerun refused the directory as one
+  of other files, with --overwrite too). Stopped by an exception (SIGTERM in
+  ``bertjax.convert``, Ctrl-C, an error), the export removes the files it
+  began, their temporary files, then its manifest, and ``out_dir`` when it
+  made it and left it empty: nothing half-written stays."""
+  made = not paths.exists(out_dir)
   remove_earlier(out_dir, earlier)
   paths.makedirs(out_dir)
-  every = sorted(n for n in _EXPORT_NAMES if n not in ("generator", MANIFEST))
-  every += [f"generator/{n}" for n in sorted(_COMPANION_NAMES)]
-  paths.write_json(paths.join(out_dir, MANIFEST), {
-      "files": every, "workdir": str(workdir), "step": int(step),
-      "unfinished": True}, indent=2)
-
-
-def write_manifest(out_dir: str, files: Iterable[str], workdir: str, step: int) -> None:
-  """Records what an export wrote, so a later --overwrite removes exactly that."""
-  paths.write_json(paths.join(out_dir, MANIFEST), {
-      "files": sorted(files), "workdir": str(workdir), "step": int(step)}, indent=2)
+  export = Export(out_dir, workdir, step)
+  try:
+    yield export
+  except BaseException:
+    try:
+      remove_earlier(out_dir, export.files + [MANIFEST])
+      target = paths.path(out_dir)
+      if made and not any(target.iterdir()):
+        target.rmdir()
+    except Exception as e:  # noqa: BLE001 — the export's own error is the one to raise
+      logging.warning("Could not remove what the stopped export wrote in %s (%s); "
+                      "rerunning it replaces them.", out_dir, e)
+    raise

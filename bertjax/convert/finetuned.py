@@ -178,13 +178,14 @@ def export(workdir: str, out_dir: str, step: int | None = None,
                   label2id={n: i for i, n in enumerate(names)})
     if kind == "classification":
       config["problem_type"] = "single_label_classification"
-  export_target.begin(out_dir, earlier, paths.absolute(workdir), saved.step)
-  hf_files.write(out_dir, config, tensors)
-  written = [workdir_lib.CONFIG_FILE, hf_files.SAFETENSORS]
-  if not paths.isdir(paths.join(saved.init, "checkpoints")):  # an HF model directory
-    files = hf_files.copy_tokenizer_files(saved.init, out_dir)
-  else:
-    files = workdir_lib.tokenizer_files(saved.fields, saved.init, out_dir)
-  export_target.write_manifest(out_dir, written + files, paths.absolute(workdir),
-                               saved.step)
+  with export_target.begin(out_dir, earlier, paths.absolute(workdir),
+                           saved.step) as export:
+    hf_files.write(out_dir, config, tensors, record=export.writing)
+    written = [workdir_lib.CONFIG_FILE, hf_files.SAFETENSORS]
+    if not paths.isdir(paths.join(saved.init, "checkpoints")):  # an HF model directory
+      files = hf_files.copy_tokenizer_files(saved.init, out_dir, record=export.writing)
+    else:
+      files = workdir_lib.tokenizer_files(saved.fields, saved.init, out_dir,
+                                          record=export.writing)
+    export.finish(written + files)
   return {"step": saved.step, "tokenizer_files": files, "architecture": architecture}

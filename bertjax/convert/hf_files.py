@@ -134,24 +134,37 @@ def write_tensors(path: str, tensors: Mapping[str, np.ndarray]) -> None:
   paths.write_bytes(path, save({k: np.ascontiguousarray(v) for k, v in tensors.items()}))
 
 
-def write(out_dir: str, config: Mapping[str, Any], tensors: Mapping[str, np.ndarray]) -> None:
+def _no_record(*names: str) -> None:
+  del names
+
+
+def write(out_dir: str, config: Mapping[str, Any], tensors: Mapping[str, np.ndarray],
+          record=None) -> None:
   """Writes config.json and model.safetensors (metadata format 'pt', as
-  transformers expects) into ``out_dir``."""
+  transformers expects) into ``out_dir``; ``record`` (an export's manifest,
+  bertjax/convert/export_target.py) is called with each name before its file
+  is written."""
   from safetensors.numpy import save
+  record = record or _no_record
+  record(CONFIG_FILE)
   paths.makedirs(out_dir)
   paths.write_text(paths.join(out_dir, CONFIG_FILE),
                    json.dumps(dict(config), indent=2, sort_keys=True))
-  paths.write_bytes(paths.join(out_dir, SAFETENSORS),
-                    save({k: np.ascontiguousarray(v) for k, v in tensors.items()},
-                         metadata={"format": "pt"}))
+  data = save({k: np.ascontiguousarray(v) for k, v in tensors.items()},
+              metadata={"format": "pt"})
+  record(SAFETENSORS)
+  paths.write_bytes(paths.join(out_dir, SAFETENSORS), data)
 
 
-def copy_tokenizer_files(src: str, dst: str) -> list[str]:
-  """Copies the tokenizer files ``src`` has into ``dst``; returns their names."""
+def copy_tokenizer_files(src: str, dst: str, record=None) -> list[str]:
+  """Copies the tokenizer files ``src`` has into ``dst``; returns their names
+  (each passed to ``record`` before it is copied, as in ``write``)."""
+  record = record or _no_record
   paths.makedirs(dst)
   copied = []
   for name in TOKENIZER_FILES:
     if paths.exists(paths.join(src, name)):
+      record(name)
       paths.path(src, name).copy(paths.path(dst, name), overwrite=True)
       copied.append(name)
   return copied

@@ -88,17 +88,22 @@ def _fast_tokenizer(model_path: str, pair_type_id: int) -> str | None:
   return _Converter(_Source()).converted().to_str()
 
 
-def write(config: Mapping[str, Any], model_path: str, out_dir: str) -> list[str]:
+def write(config: Mapping[str, Any], model_path: str, out_dir: str,
+          record=None) -> list[str]:
   """Writes the HF tokenizer files of ``model_path`` into ``out_dir``.
 
   Args:
     config: the bertjax config (``max_position_embeddings``, ``type_vocab_size``).
     model_path: bertjax's sentencepiece ``.model``.
     out_dir: the HF directory.
+    record: called with each name before its file is written (an export's
+      manifest, bertjax/convert/export_target.py).
 
   Returns:
     The names written.
   """
+  record = record or (lambda name: None)
+  record(SPIECE)
   paths.path(model_path).copy(paths.path(out_dir) / SPIECE, overwrite=True)
   type_rows = int(config.get("type_vocab_size", 2))
   pad, unk, cls, sep, mask = batch_lib.SPECIAL_TOKENS
@@ -111,12 +116,15 @@ def write(config: Mapping[str, Any], model_path: str, out_dir: str) -> list[str]
                     "AutoTokenizer gives [UNK] for text outside the vocabulary "
                     "unless loaded with use_fast=False.", TOKENIZER_JSON)
   else:
+    record(TOKENIZER_JSON)
     paths.write_text(paths.join(out_dir, TOKENIZER_JSON), fast)
     written.append(TOKENIZER_JSON)
+  record(TOKENIZER_CONFIG)
   paths.write_json(paths.join(out_dir, TOKENIZER_CONFIG), dict(
       tokenizer_class="AlbertTokenizer", do_lower_case=False, keep_accents=True,
       remove_space=True, model_max_length=int(config["max_position_embeddings"]),
       model_input_names=input_names(type_rows), **specials), indent=2)
+  record(SPECIAL_TOKENS_MAP)
   paths.write_json(paths.join(out_dir, SPECIAL_TOKENS_MAP), specials, indent=2)
   return written + [TOKENIZER_CONFIG, SPECIAL_TOKENS_MAP]
 

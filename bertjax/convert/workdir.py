@@ -18,7 +18,7 @@ hidden_size, num_heads, mlp_dim`` (model_size names the matching row of
 bertjax/models/sizes.py, or 'custom'), ``tokenizer='hf'`` with
 ``tokenizer_path``, and ``hf_special_ids`` (the vocabulary reordering).
 
-An import is all or nothing: everything is written into a staging directory
+An import is all or nothing (a SIGTERM to ``bertjax.convert`` too): everything is written into a staging directory
 inside the workdir (``.import-staging-*``, so the final moves are renames on
 one filesystem) and moved into place only once the checkpoint is saved. A
 refused import leaves the workdir as it was, and one that did not exist is not
@@ -48,6 +48,7 @@ from absl import logging
 from etils import epath
 
 from bertjax import convert
+from bertjax import guards
 from bertjax import paths
 from bertjax.convert import core
 from bertjax.convert import export as export_lib
@@ -344,6 +345,9 @@ def import_hf(hf_dir: str, workdir: str, base_config) -> ImportReport:
     checkpointer.close()
     (stage / CONFIG_FILE).write_text(
         json.dumps(config.to_dict(), indent=2, sort_keys=True), encoding="utf-8")
+    # A SIGTERM from here on (bertjax.convert) lets the import end: stopped
+    # between two moves, it would leave half an import in the workdir.
+    guards.finish_on_sigterm()
     _move_into_place(stage, workdir)
   tokenizer = hf_tokenizers.HfTokenizer(tok_dir)
   for head in initialised:
