@@ -242,9 +242,11 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None, *,
   ``should_stop``: asked before each batch (``bertjax.evaluate`` passes the
   SIGTERM flag, ``guards.PreemptionWatcher.signalled``); when it says so the
   evaluation is abandoned, nothing is written and ``guards.Preempted`` is
-  raised. With several processes it is not asked: JAX's preemption notifier
-  has SIGTERM there, and a process that stopped alone would leave the others
-  waiting in the next batch's collectives.
+  raised. With several processes JAX's preemption notifier has SIGTERM, and
+  a process that stopped alone would leave the others waiting in the next
+  batch's collectives: there, when given, it is replaced by JAX's sync point,
+  asked before each batch as the train loop asks it after each step, so that
+  every process stops before the same batch.
   """
   from bertjax import checkpointing
   from bertjax.data import layout
@@ -258,8 +260,8 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None, *,
                          "step": step}, bool(should_stop and should_stop()))
   if signalled:
     raise guards.Preempted.during_start_up(signalled)
-  if jax.process_count() > 1:
-    should_stop = None
+  if jax.process_count() > 1 and should_stop is not None:
+    should_stop = functools.partial(guards.PreemptionWatcher().should_stop, 0)
   return checkpointing.read_while_training(
       workdir, step, lambda s: _evaluate_checkpoint(config, workdir, s, should_stop))
 
