@@ -190,8 +190,9 @@ def test_restart_from_scratch_on_purpose(workdir, demo_config, demo_data):
 
 def test_nonfinite_checkpoint_is_caught_at_restore(workdir, trained, restored,
                                                    caplog, demo_config, demo_data):
-  # A checkpoint whose checksums match but whose Adam moments hold NaN.
-  config = tiny(demo_config, demo_data)
+  # A checkpoint whose checksums match but whose Adam moments hold NaN, saved
+  # as step 30 of a 30-step run (a 20-step one would be refused as past its end).
+  config = tiny(demo_config, demo_data, num_train_steps=30)
   mesh = sharding.make_mesh(config.mesh_shape)
   state = restore(trained, 20, config, mesh)
   nu = state.opt_state[1][0].nu
@@ -263,7 +264,9 @@ def test_a_state_of_another_shape_is_refused_before_any_array_is_read(
 def test_damage_fallback_prints_one_line_through_the_cli(workdir, demo_config,
                                                          demo_data):
   truncate_array(ckpt(workdir, 20))
-  config = tiny(demo_config, demo_data, num_train_steps=10)
+  # Resumed from step 10 and trained to 20 again (num_train_steps=10 would
+  # be refused: the workdir went past it, its newest checkpoint damaged or not).
+  config = tiny(demo_config, demo_data)
   proc = subprocess.run(cli_args(config, workdir), cwd=ROOT, capture_output=True,
                         text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -271,7 +274,7 @@ def test_damage_fallback_prints_one_line_through_the_cli(workdir, demo_config,
   warnings = [l for l in proc.stderr.splitlines() if "is unusable" in l]
   assert len(warnings) == 1 and "Checkpoint 20" in warnings[0]
   assert len(proc.stderr.splitlines()) < 40
-  assert '"step": 10' in proc.stdout.splitlines()[-1]
+  assert '"step": 20' in proc.stdout.splitlines()[-1]
 
 
 # --- compatibility: decided from the saved config, before anything ---------
