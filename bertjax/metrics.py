@@ -14,6 +14,7 @@ from typing import Any, Mapping
 import jax
 import numpy as np
 
+from bertjax import mirror
 from bertjax import paths
 
 
@@ -103,7 +104,7 @@ class MetricWriter:
       if paths.is_remote(tb_dir):
         # Event files are written locally and uploaded whole with the rows
         # (through the path layer: an object cannot be appended to).
-        self._tb_remote, tb_dir = tb_dir, paths.local_mirror(tb_dir)
+        self._tb_remote, tb_dir = tb_dir, mirror.local_mirror(tb_dir)
       try:
         from tensorboardX import SummaryWriter
         self._tb = SummaryWriter(tb_dir, purge_step=(
@@ -124,7 +125,7 @@ class MetricWriter:
       self._jsonl.flush()
       if self._tb is not None and self._tb_remote:
         self._tb.flush()
-        paths.push(self._tb.logdir, self._tb_remote)
+        mirror.push(self._tb.logdir, self._tb_remote)
 
   def write(self, step: int, scalars: Mapping[str, float], prefix: str = "",
             extra: Mapping[str, Any] | None = None, *, flush: bool = False) -> None:
@@ -143,7 +144,7 @@ class MetricWriter:
         self._tb.add_scalar(prefix + k, float(v), int(step))
       self._tb.flush()
       if self._tb_remote and uploaded:  # the events go up with the rows
-        paths.push(self._tb.logdir, self._tb_remote)
+        mirror.push(self._tb.logdir, self._tb_remote)
 
   def close(self) -> None:
     if self._jsonl is not None:
@@ -151,6 +152,6 @@ class MetricWriter:
     if self._tb is not None:
       self._tb.close()
       if self._tb_remote:
-        paths.push(self._tb.logdir, self._tb_remote)
+        mirror.push(self._tb.logdir, self._tb_remote)
     # Dropped now, not at exit: a gs:// event writer uploads again when freed.
     self._jsonl = self._tb = None

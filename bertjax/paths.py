@@ -13,9 +13,7 @@ object store is decided here and nowhere else:
   whole on each flush (gcsfs's ``'a'`` mode silently overwrites).
 * ArrayRecord, the shard format, reads and writes local files only in its
   open-source build (its Riegeli file layer has no GCS backend), so a remote
-  data_dir is mirrored (bertjax/mirror.py, whose ``MARKERS``, ``cache_root``,
-  ``local_mirror``, ``fetched``, ``fetched_within``, ``pull`` and ``push``
-  are named here too: ``paths.pull`` is ``mirror.pull``).
+  data_dir is mirrored locally (bertjax/mirror.py, built on this module).
 """
 
 from __future__ import annotations
@@ -381,16 +379,3 @@ def walk_files(root: str | os.PathLike, *, staging: bool = False
 def tmp_name(name: str) -> str:
   # Per process and thread: Beam runs units on threads of one process too.
   return f".{name}.tmp-{os.getpid()}-{threading.get_ident()}"
-
-
-# The mirror's names, reached through this module as well (imported on first
-# use: bertjax/mirror.py is built on this module).
-_MIRROR_NAMES = frozenset({"MARKERS", "cache_root", "local_mirror", "fetched",
-                           "fetched_within", "pull", "push"})
-
-
-def __getattr__(name: str):
-  if name in _MIRROR_NAMES:
-    from bertjax import mirror  # pylint: disable=g-import-not-at-top
-    return getattr(mirror, name)
-  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

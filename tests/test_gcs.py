@@ -196,9 +196,9 @@ def test_beam_workers_prepare_a_gs_data_dir_through_the_bucket(
                   beam_runner="DirectRunner")
   assert _digests(data_dir) == want
   # The workers were handed bucket paths only, never the launcher's mirror.
-  from bertjax import paths
-  mirror = paths.local_mirror(data_dir)
-  assert len(sent) >= 6 and mirror not in repr(sent)
+  from bertjax import mirror
+  local = mirror.local_mirror(data_dir)
+  assert len(sent) >= 6 and local not in repr(sent)
   assert all(repr(t).count("gs://") >= 2 for t in sent)
   # The units' receipts and shards went through the bucket, and were removed
   # from it once published.
@@ -257,7 +257,7 @@ def test_gs_metrics_are_uploaded_at_most_every_interval_and_at_checkpoints(gcs):
 def pretrained_in_bucket(gcs, tmp_path_factory, demo_config, demo_data):
   """(gs:// workdir, its local twin): a tiny BERT trained two steps locally,
   then copied into the bucket."""
-  from bertjax import paths
+  from bertjax import mirror
   from bertjax import train
   config = config_for(demo_config, demo_data.data_dir)
   config.num_train_steps = 2
@@ -266,7 +266,7 @@ def pretrained_in_bucket(gcs, tmp_path_factory, demo_config, demo_data):
   local = str(tmp_path_factory.mktemp("pretrained"))
   train.train_and_evaluate(config, local)
   remote = f"gs://{gcs.bucket}/pretrained"
-  paths.push(local, remote)
+  mirror.push(local, remote)
   return remote, local
 
 
@@ -370,6 +370,7 @@ def test_verify_and_repair_of_a_gs_data_dir_check_the_bucket(gcs, demo_config, t
   # damaged-shard message sends users there.
   import corpus_files
   from etils import epath
+  from bertjax import mirror
   from bertjax import paths
   from bertjax.data import prepare
   from bertjax.data import shards
@@ -408,7 +409,7 @@ def test_verify_and_repair_of_a_gs_data_dir_check_the_bucket(gcs, demo_config, t
   with pytest.raises(ValueError, match="was prepared from --config.text_files=") as info:
     prepare.prepare(other, data_dir)
   assert f"{data_dir}/bertjax_local_text/files" in str(info.value)
-  assert paths.local_mirror(data_dir) not in str(info.value)
+  assert mirror.local_mirror(data_dir) not in str(info.value)
 
 
 def test_prepare_binary_names_the_bucket_it_prepared_into(gcs, tmp_path):
@@ -458,6 +459,7 @@ def test_a_warm_mirror_of_a_gs_data_dir_is_not_fetched_again(gcs, tmp_path):
   (its small records and markers used to be fetched on every start, by every
   process), and process 0's push uploads nothing; a small file rewritten to
   the same size in the bucket is still fetched, alone."""
+  from bertjax import mirror
   from bertjax import paths
   remote = f"gs://{gcs.bucket}/warm"
   made = tmp_path / "made"
@@ -465,21 +467,21 @@ def test_a_warm_mirror_of_a_gs_data_dir_is_not_fetched_again(gcs, tmp_path):
                     ("a/shard-00000", "x" * 70_000), ("tokenizers/t.model", "model")):
     (made / rel).parent.mkdir(parents=True, exist_ok=True)
     (made / rel).write_text(text)
-  assert paths.push(made, remote) == 4
-  mirror = str(tmp_path / "mirror")
+  assert mirror.push(made, remote) == 4
+  local = str(tmp_path / "mirror")
   gcs.requests.clear()
-  assert paths.pull(remote, mirror) == 4
+  assert mirror.pull(remote, local) == 4
   assert len(gcs.downloads()) == 4
 
   gcs.requests.clear()
-  assert paths.pull(remote, mirror) == 0
-  assert paths.push(mirror, remote) == 0
+  assert mirror.pull(remote, local) == 0
+  assert mirror.push(local, remote) == 0
   assert gcs.downloads() == []
   assert [m for m, _ in gcs.requests if m != "GET"] == []  # no upload
 
   paths.write_text(f"{remote}/a/dataset_info.json", '{"n": 2}')
   gcs.requests.clear()
-  assert paths.pull(remote, mirror) == 1
+  assert mirror.pull(remote, local) == 1
   assert gcs.downloads() == ["warm/a/dataset_info.json"]
   assert (tmp_path / "mirror" / "a" / "dataset_info.json").read_text() == '{"n": 2}'
 
@@ -489,11 +491,11 @@ def test_a_second_prepare_of_a_gs_data_dir_on_one_machine_is_refused(
   """Both would write this machine's mirror of the bucket at once (the
   second failed midway with TFDS's FileExistsError): refused as a second
   prepare of a local data_dir is, naming the bucket; nothing is written."""
-  from bertjax import paths
+  from bertjax import mirror
   from bertjax import workdir_lock
   from bertjax.data import prepare
   data_dir = f"gs://{gcs.bucket}/busy"
-  first = workdir_lock.DataDirLock(paths.local_mirror(data_dir)).acquire()
+  first = workdir_lock.DataDirLock(mirror.local_mirror(data_dir)).acquire()
   try:
     with pytest.raises(workdir_lock.WorkdirBusy,
                        match=rf"^Another bertjax prepare \(pid {os.getpid()} .*\) is "
@@ -502,7 +504,7 @@ def test_a_second_prepare_of_a_gs_data_dir_on_one_machine_is_refused(
   finally:
     first.release()
   assert not [n for n in gcs.object_names() if n.startswith("busy/")]
-  assert os.listdir(paths.local_mirror(data_dir)) == [workdir_lock.DATA_LOCK_FILE]
+  assert os.listdir(mirror.local_mirror(data_dir)) == [workdir_lock.DATA_LOCK_FILE]
 
 
 def test_a_mirror_copy_cut_short_leaves_nothing_that_travels(gcs, tmp_path, monkeypatch):
@@ -511,6 +513,7 @@ def test_a_mirror_copy_cut_short_leaves_nothing_that_travels(gcs, tmp_path, monk
   the bucket (other hosts would pull it), nor one in the bucket pulled."""
   import errno
   from etils import epath
+  from bertjax import mirror
   from bertjax import paths
   remote = f"gs://{gcs.bucket}/leftovers"
   made = tmp_path / "made"
@@ -518,7 +521,7 @@ def test_a_mirror_copy_cut_short_leaves_nothing_that_travels(gcs, tmp_path, monk
   (made / "features.json").write_text("{}")
   (made / ".features.json.tmp-123-456").write_text("{")
   (made / "unit-00000.train.array_record.tmp-99").write_text("partial")
-  assert paths.push(made, remote) == 1
+  assert mirror.push(made, remote) == 1
   assert [n for n in gcs.object_names() if n.startswith("leftovers/")] == [
       "leftovers/features.json"]
   paths.write_text(f"{remote}/.dataset_info.json.tmp-7-8", "{")
@@ -527,10 +530,10 @@ def test_a_mirror_copy_cut_short_leaves_nothing_that_travels(gcs, tmp_path, monk
     open(dst, "w").write("par")
     raise OSError(errno.ENOSPC, "No space left on device")
   monkeypatch.setattr(type(epath.Path(remote)), "copy", full)
-  mirror = tmp_path / "mirror"
+  local = tmp_path / "mirror"
   with pytest.raises(OSError):
-    paths.pull(remote, mirror)
-  assert [p.name for p in mirror.rglob("*") if p.is_file()] == []
+    mirror.pull(remote, local)
+  assert [p.name for p in local.rglob("*") if p.is_file()] == []
   monkeypatch.undo()
-  assert paths.pull(remote, mirror) == 1
-  assert sorted(p.name for p in mirror.iterdir()) == ["features.json"]
+  assert mirror.pull(remote, local) == 1
+  assert sorted(p.name for p in local.iterdir()) == ["features.json"]

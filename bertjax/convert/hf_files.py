@@ -21,6 +21,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from bertjax import mirror
 from bertjax import paths
 
 CONFIG_FILE = "config.json"
@@ -74,7 +75,7 @@ def _torch_bin(path: str) -> dict[str, np.ndarray]:
         "(pip install torch==2.13.0, the CPU wheel; in a checkout, the hf extra) "
         "or convert the file to model.safetensors.") from None
   try:
-    state = torch.load(paths.fetched(path), map_location="cpu", weights_only=True)
+    state = torch.load(mirror.fetched(path), map_location="cpu", weights_only=True)
   except pickle.UnpicklingError as e:
     found = re.search(r"GLOBAL (\S+)", str(e))
     if found is None:

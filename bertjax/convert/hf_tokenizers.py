@@ -33,6 +33,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from bertjax import batch as batch_lib
+from bertjax import mirror
 from bertjax import paths
 from bertjax.convert import hf_files
 from bertjax.convert import pair_format
@@ -337,7 +338,7 @@ class HfTokenizer:
                vocab_size: int | None = None):
     self.path = directory
     # The tokenizers library reads local files: a gs:// directory is mirrored.
-    directory = paths.fetched(directory)
+    directory = mirror.fetched(directory)
     meta = _read_json(paths.join(directory, META_FILE))
     special = list(special or meta.get("special_tokens") or
                    special_tokens(directory, batch_lib.SPECIAL_TOKENS))

@@ -36,6 +36,7 @@ from typing import Any, Mapping
 from absl import logging
 
 from bertjax import batch as batch_lib
+from bertjax import mirror
 from bertjax import paths
 
 SPIECE = "spiece.model"
@@ -110,7 +111,7 @@ def write(config: Mapping[str, Any], model_path: str, out_dir: str,
   specials = dict(pad_token=pad, unk_token=unk, cls_token=cls, sep_token=sep,
                   mask_token=mask, bos_token=cls, eos_token=sep)
   written = [SPIECE]
-  fast = _fast_tokenizer(str(paths.fetched(model_path)), 1 if type_rows >= 2 else 0)
+  fast = _fast_tokenizer(str(mirror.fetched(model_path)), 1 if type_rows >= 2 else 0)
   if fast is None:
     logging.warning("transformers is not installed, so no %s was written; "
                     "AutoTokenizer gives [UNK] for text outside the vocabulary "

@@ -32,6 +32,7 @@ from typing import Any, Sequence
 
 from absl import logging
 
+from bertjax import mirror
 from bertjax import paths
 
 
@@ -71,20 +72,20 @@ def run(run_unit, tasks: Sequence[Any], *, local_root: str, remote_root: str,
         beam_runner: str, beam_options: Sequence[str]) -> None:
   """Runs ``tasks`` (paths in ``local_root``) on Beam against ``remote_root``."""
   from bertjax.data import workers  # pylint: disable=g-import-not-at-top
-  sent = paths.push(local_root, remote_root)
+  sent = mirror.push(local_root, remote_root)
   logging.info("Uploaded %d files to %s for the Beam workers.", sent, remote_root)
   remote_tasks = [rebase(t, local_root, remote_root) for t in tasks]
   workers.run(run_unit, remote_tasks, workers=1, beam_runner=beam_runner,
               beam_options=beam_options)
   for local_dir in sorted({_output_dir(t) for t in tasks}):
     remote_dir = rebase(local_dir, local_root, remote_root)
-    fetched = paths.pull(remote_dir, local_dir, staging=True)
+    fetched = mirror.pull(remote_dir, local_dir, staging=True)
     logging.info("Fetched %d staged files of %s.", fetched, remote_dir)
 
 
 def resume(local_root: str, remote_root: str) -> None:
   """Pulls the units a killed Beam run finished, so that they are not redone."""
-  paths.pull(remote_root, local_root, staging=True)
+  mirror.pull(remote_root, local_root, staging=True)
 
 
 def clean(remote_root: str) -> None:

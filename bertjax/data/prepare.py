@@ -45,6 +45,7 @@ from typing import Sequence
 
 from absl import logging
 
+from bertjax import mirror
 from bertjax import paths
 from bertjax import workdir_lock
 from bertjax.data import bucket_units
@@ -140,13 +141,13 @@ def prepare(config, data_dir: str, *, beam_runner: str = "",
 
 class _MirrorLock(workdir_lock.DataDirLock):
   """``DataDirLock`` on this machine's mirror of the gs:// data_dir ``remote``
-  (paths.local_mirror), named by the bucket: a second prepare into the same
+  (mirror.local_mirror), named by the bucket: a second prepare into the same
   mirror failed midway (FileExistsError from TFDS's rename, one of them)."""
 
   flag = "BERTJAX_CACHE_DIR"
 
   def __init__(self, remote: str):
-    super().__init__(paths.local_mirror(remote))
+    super().__init__(mirror.local_mirror(remote))
     self.remote = paths.absolute(remote)
     self.what = f"the local mirror of {self.remote}"
 
@@ -206,14 +207,14 @@ def unfinished(data_dir: str, where: str) -> bool:
   """Whether an interrupted prepare left work staged for ``where`` (an item
   of ``unprepared`` under ``data_dir``): a dataset's finished units in its
   ``.staging``, or a tokenizer's sample beside it. A gs:// data_dir is
-  prepared in this machine's mirror of it (``paths.local_mirror``), whose
+  prepared in this machine's mirror of it (``mirror.local_mirror``), whose
   staging is never uploaded, and Beam's workers stage in the bucket: both
   are looked in."""
   places = [where]
   if paths.is_remote(data_dir):
     remote = paths.absolute(data_dir)
     rel = paths.absolute(where)[len(remote):].lstrip("/")
-    places.append(os.path.join(paths.local_mirror(remote), rel))
+    places.append(os.path.join(mirror.local_mirror(remote), rel))
   return any(paths.isdir(paths.join(p, staged.STAGING)) or paths.isdir(f"{p}.sample")
              for p in places)
 
@@ -289,9 +290,9 @@ def _prepare_mirrored(config, data_dir: str, spans,
   """
   import jax  # only here: Beam workers import this module without devices
   remote = paths.absolute(data_dir)
-  local = paths.local_mirror(remote)
+  local = mirror.local_mirror(remote)
   start = time.time()
-  fetched = paths.pull(remote, local)
+  fetched = mirror.pull(remote, local)
   logging.info("Mirrored %s to %s (%d files fetched, %.1f s).", remote, local,
                fetched, time.time() - start)
   if engine.beam_runner:
@@ -306,7 +307,7 @@ def _prepare_mirrored(config, data_dir: str, spans,
     raise ValueError(str(e).replace(local, remote)) from None
   if jax.process_index() == 0:
     start = time.time()
-    sent = paths.push(local, remote)
+    sent = mirror.push(local, remote)
     logging.info("Uploaded %d prepared files to %s (%.1f s).", sent, remote,
                  time.time() - start)
     if engine.beam_runner:

@@ -41,6 +41,7 @@ from array_record.python import array_record_data_source
 import numpy as np
 import tensorflow_datasets as tfds
 
+from bertjax import mirror
 from bertjax import paths
 from bertjax.data import tokenizer as tokenizer_lib
 
@@ -228,8 +229,8 @@ def _verify_remote(data_dir: str) -> list[Report]:
   """``verify`` of a gs:// data_dir: each shard decoded in the mirror (pulled
   first: what it lacks or holds at another size) and the bucket's object
   hashed against the manifest, so damage on either side is found."""
-  local, remote = paths.local_mirror(data_dir), paths.absolute(data_dir)
-  paths.pull(remote, local)
+  local, remote = mirror.local_mirror(data_dir), paths.absolute(data_dir)
+  mirror.pull(remote, local)
   reports = []
   for r in verify(local):
     dataset_dir = paths.join(remote, os.path.relpath(r.shard.dataset_dir, local))
@@ -263,14 +264,14 @@ def remove_damaged(reports: Sequence[Report]) -> list[str]:
           f"Cannot remove the damaged dataset {dataset_dir}: {blocker} is read-only "
           f"({paths.denial(blocker)}); make the data_dir writable, or point "
           "--config.data_dir at a new directory to prepare it there.")
-  for dataset_dir, mirror in sorted(damaged.items()):
-    if mirror is None:
+  for dataset_dir, local in sorted(damaged.items()):
+    if local is None:
       shutil.rmtree(dataset_dir)
       continue
-    for marker in paths.MARKERS:
+    for marker in mirror.MARKERS:
       paths.path(dataset_dir, marker).unlink(missing_ok=True)
     paths.path(dataset_dir).rmtree(missing_ok=True)
-    shutil.rmtree(mirror, ignore_errors=True)
+    shutil.rmtree(local, ignore_errors=True)
   return sorted(damaged)
 
 

@@ -19,6 +19,7 @@ from typing import Sequence
 from absl import logging
 import numpy as np
 
+from bertjax import mirror
 from bertjax import paths
 from bertjax.data import staged
 from bertjax.data import text_sources
@@ -166,7 +167,7 @@ def check_imported(config) -> None:
     return  # no pairs are packed
   from bertjax import compat
   from bertjax.convert import pair_format
-  said = pair_format.files_say(paths.fetched(path))
+  said = pair_format.files_say(mirror.fetched(path))
   packed = int(config.get("pair_separators", 1))
   if said is None or said == packed:
     return

@@ -36,6 +36,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from bertjax import batch as batch_lib
+from bertjax import mirror
 from bertjax import paths
 from bertjax.data import bad_text_files
 from bertjax.data import builders
@@ -81,8 +82,8 @@ class TextSource:
     if self.kind == "own":
       path, data_dir = self.path, self.data_dir
       if paths.is_remote(path):
-        path = paths.fetched_within(data_dir, path)
-        data_dir = paths.local_mirror(data_dir)
+        path = mirror.fetched_within(data_dir, path)
+        data_dir = mirror.local_mirror(data_dir)
       builder = tfds.builder_from_directory(path)
       info = builder.info.splits[self.split]
       return shards.CheckedSource(
@@ -91,8 +92,8 @@ class TextSource:
     tfds_dir = self.tfds_dir
     if tfds_dir and paths.is_remote(tfds_dir):
       name = self.path.partition("/")[0].partition(":")[0]
-      paths.fetched_within(tfds_dir, paths.join(tfds_dir, name))
-      tfds_dir = paths.local_mirror(tfds_dir)
+      mirror.fetched_within(tfds_dir, paths.join(tfds_dir, name))
+      tfds_dir = mirror.local_mirror(tfds_dir)
     return tfds.data_source(self.path, split=self.split, data_dir=tfds_dir,
                             download=False)
 
