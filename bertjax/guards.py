@@ -185,7 +185,17 @@ def sigterm_raises():
   try:
     if _SIGTERM.is_set():
       raise Terminated
-    yield
+    try:
+      yield
+    except Terminated:
+      raise
+    except Exception as e:
+      # A library that catches everything (TFDS reading a JSON file, say)
+      # turns the Terminated raised inside it into an error of its own,
+      # which would be reported as bad data: the stop it was is said instead.
+      if _SIGTERM.is_set():
+        raise Terminated from e
+      raise
   finally:
     # None: a handler not set from Python, which cannot be set back.
     signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)

@@ -147,6 +147,31 @@ def test_sigterm_before_finetunings_first_step_saves_nothing(tmp_path, trained):
   assert checkpointing.Checkpointer(str(workdir)).all_steps() == []
 
 
+def test_a_sigterm_a_library_wrapped_in_its_own_error_still_reads_as_a_stop():
+  # SIGTERM while TFDS parsed a dataset's JSON came out as "cannot be read
+  # (Failed to parse JSON: Terminated)": a damaged dataset, status 2.
+  def parse():
+    try:
+      os.kill(os.getpid(), signal.SIGTERM)
+      for _ in range(10_000_000):  # the handler runs between bytecodes
+        pass
+    except Exception as e:  # as a library that catches everything does
+      raise ValueError(f"Failed to parse JSON: {e!r}") from e
+  try:
+    with pytest.raises(guards.Terminated) as stopped:
+      with guards.sigterm_raises():
+        parse()
+    assert isinstance(stopped.value.__cause__, ValueError)
+    # An error with no SIGTERM behind it stays what it was.
+    guards._SIGTERM.clear()
+    with pytest.raises(ValueError, match="not a stop"):
+      with guards.sigterm_raises():
+        raise ValueError("not a stop")
+  finally:
+    guards._SIGTERM.clear()
+  assert signal.getsignal(signal.SIGTERM) is not guards._raise_terminated
+
+
 def test_two_starts_within_one_second_keep_both_event_files(tmp_path, monkeypatch):
   # tensorboardX names an event file by whole seconds and host and opens it
   # with "wb": a resume within the same second erased the first start's file.
