@@ -122,6 +122,26 @@ def test_mismatched_vocabulary(tmp_path, monkeypatch, demo_config, demo_data,
   assert not workdir.exists()
 
 
+def test_a_vocabulary_too_small_to_train_is_refused_up_front(
+    tmp_path, monkeypatch, demo_config, demo_data, no_device_work):
+  # 5 specials + 256 byte pieces + one character: a vocabulary below 262
+  # can never train, yet it was refused only once the text had been read and
+  # sentencepiece ran. 262 is left to sentencepiece (the corpus decides).
+  from bertjax.data import tokenizer_fit
+  def forbidden(*args, **kwargs):
+    raise AssertionError("prepare started before the vocab_size was refused")
+
+  monkeypatch.setattr(prepare, "prepare", forbidden)
+  workdir, data_dir = tmp_path / "work", tmp_path / "data"
+  config = small_config(demo_config, demo_data, vocab_size=261, data_dir=str(data_dir))
+  with pytest.raises(ValueError, match=r"--config.vocab_size=261 cannot hold .* set "
+                     r"--config.vocab_size to at least 262"):
+    train.train_and_evaluate(config, str(workdir))
+  assert not workdir.exists() and not data_dir.exists()
+  config.vocab_size = 262
+  tokenizer_fit.check_existing(config, str(data_dir / "tokenizers" / "x.model"))
+
+
 def test_checkpoint_trained_with_another_tokenizer(trained_workdir, tmp_path,
                                                    demo_config, demo_data,
                                                    no_device_work):

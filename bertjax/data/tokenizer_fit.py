@@ -19,6 +19,7 @@ from typing import Sequence
 from absl import logging
 import numpy as np
 
+from bertjax import batch as batch_lib
 from bertjax import mirror
 from bertjax import paths
 from bertjax.data import staged
@@ -29,6 +30,9 @@ from bertjax.data import workers
 
 # Documents read to estimate a split's sentences when the dataset did not count them.
 _ESTIMATE_DOCS = 1000
+# The smallest vocabulary sentencepiece trains with byte fallback: the
+# specials, the 256 byte pieces and at least one character of the corpus.
+MIN_TRAINED_VOCAB = batch_lib.NUM_SPECIAL_TOKENS + 256 + 1
 # Seed of the tokenizer's sentence sample: fixed, so a corpus has one sample.
 _SAMPLE_SEED = 0
 
@@ -206,6 +210,13 @@ def check_existing(config, stored_path: str | None) -> None:
     _check_imported_size(config, units.load_tokenizer(path), path)
   elif stored_path and paths.exists(stored_path):
     check_tokenizer(config, tokenizer_lib.Tokenizer(stored_path), stored_path)
+  elif int(config.vocab_size) < MIN_TRAINED_VOCAB:
+    raise ValueError(
+        f"--config.vocab_size={config.vocab_size} cannot hold the "
+        f"{batch_lib.NUM_SPECIAL_TOKENS} special tokens, 256 byte pieces and "
+        f"the corpus's characters a trained tokenizer needs; set "
+        f"--config.vocab_size to at least {MIN_TRAINED_VOCAB} (more for a "
+        f"corpus of many scripts).")
 
 
 def tokenizer_for(config, data_dir: str, key: str,
