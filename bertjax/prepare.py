@@ -135,6 +135,9 @@ def _main(argv):
               "--verify (it resumes what was staged)", file=sys.stderr)
       sys.exit(1 if damaged or missing else 0)
     if _REPAIR.value:
+      # The config's own refusals (a vocab_size the tokenizer lacks, text
+      # files gone) before a damaged shard is removed, not after.
+      prepare.check_inputs(config, data_dir, _WORKDIR.value)
       reports = _verify(data_dir, required=False)
       for dataset_dir in sorted({r.shard.dataset_dir for r in reports if r.problem}):
         text_sources.check_rebuildable(dataset_dir)  # before anything is removed

@@ -127,6 +127,14 @@ def test_verify_reports_and_repair_reprepares(data_copy, demo_data, tmp_path):
   assert lines[-1].endswith(": 2 ok, 2 damaged")
   assert _snapshot(data_dir) == before  # --verify changes nothing
 
+  # A config the data_dir's tokenizer does not fit is refused before any
+  # damaged shard is removed (it used to remove them, then stop).
+  proc = _run("bertjax.prepare", *args, "--config.vocab_size=4000", "--repair",
+              workdir=tmp_path / "w")
+  assert proc.returncode == 2, proc.stderr
+  assert "set --config.vocab_size=8000" in proc.stderr.strip().splitlines()[-1]
+  assert "removed damaged" not in proc.stdout and _snapshot(data_dir) == before
+
   proc = _run("bertjax.prepare", *args, "--repair", workdir=tmp_path / "w")
   assert proc.returncode == 0, proc.stderr
   assert proc.stdout.count("removed damaged") == 2
