@@ -378,6 +378,7 @@ def load(path: str, step: int | None = None, data_dir: str | None = None):
   from bertjax import checkpointing
   from bertjax.convert import workdir as workdir_lib
   from bertjax.finetune import inference
+  path = paths.absolute(path)  # ``~`` expanded, a gs:// path's slashes made one
   parent = os.path.dirname(str(path).rstrip("/"))
   if (os.path.basename(str(path).rstrip("/")) == "best_checkpoint" and step is None
       and checkpointing.best_step(parent) is not None):

@@ -64,13 +64,15 @@ def test_bare_encoder_reports_no_mlm_head(loaded):
   assert out["pooled"].shape == (1, 384)  # its pooler was trained
 
 
-def test_imported_workdir_loads_to_the_same_model(reference, loaded, tmp_path, demo_config):
+def test_imported_workdir_loads_to_the_same_model(reference, loaded, tmp_path, demo_config,
+                                                  monkeypatch):
   import bertjax
   from bertjax.convert import workdir as workdir_lib
   report = workdir_lib.import_hf(reference[0], str(tmp_path), demo_config)
   assert report.initialised == ["mlm", "nsp"]
   assert report.config.model_size == "custom" and report.config.num_layers == 6
-  again = bertjax.load(str(tmp_path))
+  monkeypatch.setenv("HOME", str(tmp_path.parent))
+  again = bertjax.load(f"~/{tmp_path.name}")  # as users type it
   assert np.array_equal(again.embed(SENTENCES[:2]), loaded.embed(SENTENCES[:2]))
   # The freshly initialised MLM head is there to continue pretraining.
   assert again.encode(["hello"])["mlm_logits"].shape[-1] == 30522

@@ -4,6 +4,7 @@ resume; the non-finite guard; bad input. (all-MiniLM-L6-v2 against a random
 model of its size is in test_finetune_minilm.py.)"""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -91,10 +92,13 @@ def test_resume_is_exact(pretrained, tmp_path, monkeypatch):
   # Two evaluations (one an epoch) through one prediction step, traced once.
   assert len(list(tmp_path.glob("whole/eval_*.json"))) == 2
   assert len(built) == 1 and built[0]._cache_size() == 1
-  assert loop.run(_finetune_config("coherence", **kw), pretrained, str(tmp_path / "cut"),
+  # The stopped run's workdir spelled as users type it: ~ is expanded.
+  monkeypatch.setenv("HOME", str(tmp_path))
+  assert loop.run(_finetune_config("coherence", **kw), pretrained, "~/cut",
                   stop_at_step=4) is None  # stopped mid-epoch, after an epoch's evaluation
   resumed = loop.run(_finetune_config("coherence", **kw), pretrained, str(tmp_path / "cut"))
   assert resumed == whole
+  assert not os.path.exists("~")  # nothing under a directory named "~" here
 
   def losses(workdir):
     rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]

@@ -49,6 +49,7 @@ from bertjax import compat
 from bertjax import evaluation as evaluation_lib
 from bertjax import guards
 from bertjax import metrics as metrics_lib
+from bertjax import paths
 from bertjax import sharding
 from bertjax import state as state_lib
 from bertjax import train
@@ -210,6 +211,8 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
     guards.Preempted: SIGTERM or Ctrl-C came; a checkpoint of the step it
       came at was saved (``bertjax.finetune`` prints it and exits 75 or 130).
   """
+  # As every user path enters (``~`` expanded, a gs:// path's slashes made one).
+  workdir, init = paths.absolute(workdir), paths.absolute(init)
   checks.check_config(config)
   checks.check_directories(config, workdir)
   # A pretraining workdir as --workdir: said before the task or init is read.
