@@ -212,7 +212,8 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
       came at was saved (``bertjax.finetune`` prints it and exits 75 or 130).
   """
   # As every user path enters (``~`` expanded, a gs:// path's slashes made one).
-  workdir, init = paths.absolute(workdir), paths.absolute(init)
+  workdir = paths.absolute(workdir)
+  init = paths.absolute(init) if init else init  # None: the workdir's own
   checks.check_config(config)
   checks.check_directories(config, workdir)
   # A pretraining workdir as --workdir: said before the task or init is read.
