@@ -176,7 +176,7 @@ def needed(config, data_dir: str) -> list[tuple[str, str]]:
     elif name == "bertjax_python_docs":
       items.append((f"text dataset {dataset}", os.fspath(
           builders.BertjaxPythonDocs(data_dir=root).data_path)))
-  key = mixture.name(corpora) if corpora else builders.source_key(config.dataset)
+  key = _source_key(config)
   if config.tokenizer != "hf":
     items.append(("tokenizer", tokenizer_path(config, data_dir)))
   names = ([mixture.shards_name(config, c) for c in corpora] if corpora else
@@ -190,9 +190,14 @@ def needed(config, data_dir: str) -> list[tuple[str, str]]:
 def tokenizer_path(config, data_dir: str) -> str:
   """Where prepare stores (or finds) the tokenizer it trains for ``config``:
   ``<data_dir>/tokenizers/<source or mixture key>.model``."""
+  return tokenizer_fit.stored_path(data_dir, _source_key(config))
+
+
+def _source_key(config) -> str:
+  """The name of the config's source (a mixture's joint name) for its
+  tokenizer and tokenized shards."""
   corpora = mixture.parse(config)
-  key = mixture.name(corpora) if corpora else builders.source_key(config.dataset)
-  return os.path.join(data_dir, "tokenizers", f"{key}.model")
+  return mixture.name(corpora) if corpora else builders.source_key(config.dataset)
 
 
 def unprepared(config, data_dir: str) -> list[tuple[str, str]]:

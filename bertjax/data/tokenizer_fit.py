@@ -219,6 +219,11 @@ def check_existing(config, stored_path: str | None) -> None:
         f"corpus of many scripts).")
 
 
+def stored_path(data_dir: str, key: str) -> str:
+  """Where prepare stores the tokenizer it trains for the source ``key``."""
+  return os.path.join(data_dir, "tokenizers", f"{key}.model")
+
+
 def tokenizer_for(config, data_dir: str, key: str,
                   trains: Sequence[text_sources.Split],
                   engine: text_sources.Engine, label: str):
@@ -232,7 +237,7 @@ def tokenizer_for(config, data_dir: str, key: str,
     tok = units.load_tokenizer(path)
     _check_imported_size(config, tok, path)
     return tok
-  path = os.path.join(data_dir, "tokenizers", f"{key}.model")
+  path = stored_path(data_dir, key)
   if os.path.exists(path):
     tok = tokenizer_lib.Tokenizer(path)
     check_tokenizer(config, tok, path)
