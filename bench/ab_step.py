@@ -89,6 +89,11 @@ _WARMUP = flags.DEFINE_integer("ab_warmup", 2, "Untimed steps per variant.")
 # must still see a NaN).
 _COMPILER_OPTIONS = {
     "ynn_off": {"xla_cpu_experimental_ynn_fusion_type": ""},
+    # The dots through oneDNN's or XNNPACK's library fusions instead.
+    "onednn_dot": {"xla_cpu_experimental_ynn_fusion_type": "",
+                   "xla_cpu_experimental_onednn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"},
+    "xnn_dot": {"xla_cpu_experimental_ynn_fusion_type": "",
+                "xla_cpu_experimental_xnn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"},
     "fast_math": {"xla_cpu_enable_fast_math": True,
                   "xla_cpu_fast_math_honor_nans": True,
                   "xla_cpu_fast_math_honor_infs": True,
