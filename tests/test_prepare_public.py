@@ -117,3 +117,17 @@ def test_a_known_tfds_dataset_not_built_is_told_to_be_built(demo_config, tmp_pat
       r"--file_format=array_record\)")):
     prepare.prepare(config, data_dir)
   assert not (tmp_path / "data").exists()
+
+
+def test_staged_units_of_a_public_dataset_name_the_sentence_splitter():
+  # A public dataset's text is split into sentences by prepare, whose rule
+  # changed (a lone "\r" ends a line): its staged units' plans must change
+  # with it, so an interrupted prepare of an older bertjax is redone, while
+  # an own dataset's (split when written) keep the key they always had.
+  from bertjax.data import units
+  fields = dict(path="wiki", split="train", data_dir="/d")
+  public = units.TextSource(kind="public", **fields)
+  own = units.TextSource(kind="own", **fields)
+  assert own.plan_key() == str(own)
+  assert public.plan_key() != str(public)
+  assert "cr-lines" in public.plan_key()

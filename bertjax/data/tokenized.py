@@ -143,7 +143,7 @@ def _tokenize(config, data_dir: str, name: str, tok, sources, spans,
   dataset_dir = os.path.join(data_dir, "bertjax_tokenized", name, VERSION)
   plan = hashlib.sha256("|".join(
       [tok.fingerprint, spans.fingerprint() if spans else "", str(engine.block_bytes)]
-      + [f"{s}={v.source}" for s, v in sources.items()]
+      + [f"{s}={v.source.plan_key()}" for s, v in sources.items()]
       # Staged units of the old sentence-by-sentence BPE encoding are redone.
       + ([f"sentence_prefix={sentence_prefix(tok)!r}"] if sentence_prefix(tok) else [])
       ).encode()).hexdigest()[:16]

@@ -68,9 +68,9 @@ def sentences_in(split: text_sources.Split) -> int:
 
 
 def _plan(trains: Sequence[text_sources.Split], threshold: int) -> str:
-  """The sample's identity. One split hashes as it always has, so a sample
-  staged by an earlier version is resumed, not redone."""
-  described = "|".join(str(t.source) for t in trains)
+  """The sample's identity. One split of an own dataset hashes as it always
+  has, so a sample staged by an earlier version is resumed, not redone."""
+  described = "|".join(t.source.plan_key() for t in trains)
   return hashlib.sha256(f"{described}|{threshold}|{_SAMPLE_SEED}".encode()
                         ).hexdigest()[:16]
 

@@ -71,6 +71,14 @@ class TextSource:
   tfds_dir: str | None = None
   feature: str = "text"
 
+  def plan_key(self) -> str:
+    """The source as the plans of staged units name it: its fields and, for
+    a public dataset, whose text is split into sentences here, the
+    splitter's revision ('cr-lines': a lone "\r" ends a line), so that units
+    an older bertjax split otherwise are redone, not reused. An own
+    dataset's sentences were split when it was written."""
+    return str(self) + ("|cr-lines" if self.kind == "public" else "")
+
   def open(self) -> Any:
     """Random access (``len``, ``__getitems__``) to the split's records.
 
