@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 from typing import Any, Callable
 
@@ -245,7 +244,6 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
   to_predict = [(name, ex, features_lib.build(encoder, task, ex, config))
                 for name, ex in to_predict]
   cfg = run_config(config, task, len(train_feats["tokens"]))
-  workdir = os.path.abspath(workdir) if "://" not in workdir else workdir
   newest = checkpointing.newest_saved_config(workdir)
   if newest is not None:  # read-only: a refusal leaves the workdir as it was
     checks.check_resume(newest[1], cfg, newest[2], len(train_feats["tokens"]))
