@@ -261,7 +261,7 @@ def evaluate_checkpoint(config, workdir: str, step: int | None = None, *,
   if signalled:
     raise guards.Preempted.during_start_up(signalled)
   if jax.process_count() > 1 and should_stop is not None:
-    should_stop = functools.partial(guards.PreemptionWatcher().should_stop, 0)
+    should_stop = guards.PreemptionWatcher().should_stop_evaluating
   return checkpointing.read_while_training(
       workdir, step, lambda s: _evaluate_checkpoint(config, workdir, s, should_stop))
 

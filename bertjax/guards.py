@@ -269,6 +269,22 @@ class PreemptionWatcher:
   def should_stop(self, step: int) -> bool:
     """Whether to stop after ``step``, called once after every step of the
     train loop; on pods all hosts agree on it."""
+    del step  # JAX's sync-point ids count the questions, not the global step
+    return self._agreed_stop()
+
+  def should_stop_evaluating(self) -> bool:
+    """Whether to abandon an evaluation, asked before each of its batches;
+    on pods all hosts agree on it, as on ``should_stop``.
+
+    Every process evaluates the same number of batches in the same order, so
+    these questions take JAX's sync-point ids in step on all of them, between
+    the train loop's: a notice during an evaluation stops every process
+    before the same batch, instead of leaving it to the next train step (an
+    evaluation can be long, a preemption's grace period short).
+    """
+    return self._agreed_stop()
+
+  def _agreed_stop(self) -> bool:
     if not _several_processes():
       return _SIGTERM.is_set()
     # JAX's sync point is the step after the newest any process had reached

@@ -392,9 +392,8 @@ def _train_and_evaluate(config, workdir, stop_at_step, preemption):
   progress = progress_lib.Progress(config, step)
   best = checkpointing.BestCheckpoint(workdir)
   nonfinite = guards.NonFiniteGuard(config.nonfinite, config.max_consecutive_skips)
-  # Evaluations stop early on this process's SIGTERM; on pods the hosts could
-  # disagree, so there only the per-step sync point stops the run.
-  eval_stop = preemption.signalled if jax.process_count() == 1 else None
+  # Evaluations stop early on SIGTERM (on pods: all hosts before the same batch).
+  eval_stop = preemption.should_stop_evaluating
   last = config.num_train_steps if stop_at_step is None else min(
       stop_at_step, config.num_train_steps)
   acc, pending, previous, saved_step = None, None, None, None

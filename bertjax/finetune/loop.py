@@ -317,12 +317,11 @@ def _run_held(cfg, task, fields, loaded, tokenizer, train_feats, eval_feats, to_
 
   preemption = guards.PreemptionWatcher()
   preemption.catch_interrupt()  # Ctrl-C too: a checkpoint of the step, then stop
-  # The last step's evaluation and the predictions stop early on this
-  # process's SIGTERM (on pods the hosts could disagree, so there they run
-  # on), as pretraining's final evaluation does. The watcher is held until
-  # the last file is written: closed before them, SIGTERM killed the run
-  # with status 143 and no word.
-  final_stop = preemption.signalled if jax.process_count() == 1 else None
+  # The last step's evaluation and the predictions stop early on SIGTERM (on
+  # pods every host before the same batch), as pretraining's final
+  # evaluation does. The watcher is held until the last file is written:
+  # closed before them, SIGTERM killed the run with status 143 and no word.
+  final_stop = preemption.should_stop_evaluating
 
   copy = ""  # the final evaluation's suffix ('' or '-2' ...), which the predict files share
 
