@@ -1,4 +1,4 @@
-"""bertjax.study (issue 16, item 5): three objectives pretrained to the same FLOP
+"""bertjax.study (issue 16, item 5): objectives pretrained to the same FLOP
 budget on the session's prepared demo data, evaluated and fine-tuned at two
 budget points; the table and the plot; a rerun that trains nothing."""
 
@@ -12,7 +12,11 @@ from bertjax import flops
 from bertjax.study import core
 from bertjax.study import report
 
-OBJECTIVES = ["bert", "albert", "electra"]
+# Two objectives whose steps cost different FLOPs (ELECTRA's carries its
+# generator), so each reaches the budget points in its own number of steps;
+# a third (ALBERT until 2026-12-06) cost the suite about a minute and is
+# driven by the same code.
+OBJECTIVES = ["bert", "electra"]
 # The tiny configs, smaller still: 8 x 32 tokens a step, one eval batch.
 SHRINK = ["seq_len=32", "batch_size=8", "max_predictions_per_seq=5",
           "log_every_steps=1", "checkpoint_every_steps=100", "eval_max_batches=1",
@@ -60,7 +64,7 @@ def test_every_objective_reaches_every_budget_point_within_one_step(study):
     assert sorted(logged) == list(range(1, entry["points"][-1]["step"] + 1))
     for step, total in logged.items():
       assert total == pytest.approx(step * per_step)
-  # The same data_dir for all three (one tokenizer kind): each shares with the others.
+  # The same data_dir for all of them (one tokenizer kind): each shares with the others.
   for name, entry in saved["objectives"].items():
     assert sorted(entry["shares_data_with"]) == sorted(set(OBJECTIVES) - {name})
 
