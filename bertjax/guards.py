@@ -116,6 +116,13 @@ class Preempted(Exception):
                      "nothing written, run the same command again to evaluate it.")
 
   @classmethod
+  def during_evaluation_of_epoch(cls, step: int) -> "Preempted":
+    """SIGTERM while ``bertjax.finetune`` evaluated an epoch's end before the last."""
+    return cls(step, f"{_cause()} while evaluating the epoch that ended at step "
+                     f"{step}; its checkpoint is saved, run the same command again "
+                     "to evaluate it and go on.")
+
+  @classmethod
   def during_final_predictions(cls, step: int) -> "Preempted":
     return cls(step, f"{_cause()} while predicting the predict files; the checkpoint "
                      f"of step {step} is saved, run the same command again to "

@@ -418,6 +418,18 @@ def _train_and_evaluate(config, workdir, stop_at_step, preemption):
   multihost.barrier("first step")  # the hosts start their steps together
   try:
     with sharding.use_mesh(mesh):
+      if restored is not None and _evaluation_skipped(config, workdir, step):
+        # A stop (SIGTERM, Ctrl-C) at or during this step's periodic
+        # evaluation skipped it; its checkpoint is the one resumed from.
+        record = evaluation.evaluate_params(config, state.params, prepared, mesh, model,
+                                            objective, should_stop=eval_stop,
+                                            step_fn=eval_fn)
+        if record is None:
+          raise guards.Preempted(step)
+        writer.write(step, record, prefix="eval_", flush=True)
+        periodic = (step, record)
+        best.offer(step, record.get("loss", record["mlm_loss"]), state,
+                   train_iter.get_state(), config, prepared.fingerprint)
       while step < last:
         host_batch = next(train_iter)
         state, step_metrics = step_fn(state, to_global(host_batch, mesh), rng)
@@ -484,6 +496,16 @@ def _train_and_evaluate(config, workdir, stop_at_step, preemption):
   evaluation.write_record(workdir, record)
   print(json.dumps(record), flush=True)
   return record
+
+
+def _evaluation_skipped(config, workdir: str, step: int) -> bool:
+  """Whether ``step``, resumed from, is a periodic evaluation's step before
+  the last with no evaluation row in metrics.jsonl (process 0's log: its
+  answer holds on every process, a collective, called by all)."""
+  every = config.eval_every_steps
+  if not (every and 0 < step < config.num_train_steps and step % every == 0):
+    return False
+  return bool(multihost.gather_json(not metrics_lib.has_row(workdir, step, "eval_"))[0])
 
 
 def _batch_hash(batch: dict[str, np.ndarray]) -> int:

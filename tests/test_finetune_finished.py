@@ -91,3 +91,30 @@ def test_sigterm_while_finishing_exits_75_and_a_rerun_writes_what_is_missing(
   assert record["predicted"] == {"new": 1} and (workdir / "predict_new.jsonl").exists()
   rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in rows if "eval_accuracy" in r] == [2]
+
+
+def test_sigterm_during_an_epochs_evaluation_stops_there_and_the_rerun_evaluates_it(
+    inits, tmp_path, monkeypatch):
+  # Two epochs of 2 steps: the first epoch's evaluation (at step 2) used to
+  # run to its end after a SIGTERM, however long the eval split.
+  cfg = lambda: _finetune_config("coherence", **{**_TINY, "num_epochs": 2.0})
+  workdir = tmp_path / "ft"
+  _sigterm_at_call(monkeypatch, 1)
+  try:
+    with pytest.raises(guards.Preempted) as e:
+      loop.run(cfg(), inits(2), str(workdir))
+  finally:
+    guards._SIGTERM.clear()
+  assert str(e.value) == ("Preempted while evaluating the epoch that ended at step 2; "
+                          "its checkpoint is saved, run the same command again to "
+                          "evaluate it and go on.")
+  assert e.value.exit_status == 75
+  assert not list(workdir.glob("eval_*.json"))  # nothing of the abandoned evaluation
+  assert (workdir / "checkpoints" / "2").is_dir()
+  monkeypatch.undo()
+  record = loop.run(cfg(), inits(2), str(workdir))
+  assert record["step"] == 4 and sorted(p.name for p in workdir.glob("eval_*.json")) == [
+      "eval_2.json", "eval_4.json"]
+  rows = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in rows if "eval_accuracy" in r] == [2, 4]
+  assert [r["step"] for r in rows if "task_loss" in r] == [1, 2, 3, 4]  # none redone

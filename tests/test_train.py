@@ -216,3 +216,38 @@ def test_evaluate_binary_prints_record_as_last_line(uninterrupted, demo_data):
     assert printed[key] == pytest.approx(value, rel=1e-5), key
   # Its record is eval_24.json only: the run's event files stay as they were.
   assert {f: os.path.getsize(f) for f in event_files(workdir)} == events
+
+
+def test_a_stop_during_a_periodic_evaluation_is_evaluated_on_resume(
+    demo_config, demo_data, tmp_path, monkeypatch):
+  # SIGTERM during step 2's periodic evaluation: the checkpoint of step 2 is
+  # saved and the evaluation abandoned; the resumed run used to go on to
+  # step 3 with no evaluation of step 2 in its log.
+  from bertjax import evaluation, guards
+  config = small_config(demo_config, demo_data, num_train_steps=4, eval_every_steps=2,
+                        log_every_steps=1, checkpoint_every_steps=4, eval_max_batches=1,
+                        batch_size=8, seq_len=32, max_predictions_per_seq=5)
+  real = evaluation.evaluate_params
+
+  def stopped(*args, **kwargs):
+    guards._SIGTERM.set()  # as the handler does, while the evaluation runs
+    return real(*args, **kwargs)
+
+  monkeypatch.setattr(evaluation, "evaluate_params", stopped)
+  try:
+    with pytest.raises(guards.Preempted, match="^Preempted at step 2; a checkpoint"):
+      train.train_and_evaluate(config, str(tmp_path))
+  finally:
+    guards._SIGTERM.clear()
+  assert checkpointing.Checkpointer(str(tmp_path)).all_steps() == [2]
+  assert not any(k.startswith("eval_") for r in read_metrics(tmp_path) for k in r)
+  monkeypatch.undo()
+  record = train.train_and_evaluate(config, str(tmp_path))
+  rows = read_metrics(tmp_path)
+  evaluated = lambda rows: [r["step"] for r in rows if any(k.startswith("eval_") for k in r)]
+  assert evaluated(rows) == [2, 4]
+  assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4]
+  assert record["step"] == 4
+  # Resumed again at its end, nothing is evaluated twice.
+  assert train.train_and_evaluate(config, str(tmp_path)) == record
+  assert evaluated(read_metrics(tmp_path)) == [2, 4]

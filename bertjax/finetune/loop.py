@@ -317,24 +317,34 @@ def _run_held(cfg, task, fields, loaded, tokenizer, train_feats, eval_feats, to_
 
   preemption = guards.PreemptionWatcher()
   preemption.catch_interrupt()  # Ctrl-C too: a checkpoint of the step, then stop
-  # The last step's evaluation and the predictions stop early on SIGTERM (on
-  # pods every host before the same batch), as pretraining's final
-  # evaluation does. The watcher is held until the last file is written:
-  # closed before them, SIGTERM killed the run with status 143 and no word.
-  final_stop = preemption.should_stop_evaluating
+  # Every evaluation and the predictions stop early on SIGTERM (on pods every
+  # host before the same batch), as pretraining's do; an epoch's end is
+  # checkpointed before its evaluation, which the resumed run then does
+  # (``_epoch_end_unevaluated``). The watcher is held until the last file is
+  # written: closed before them, SIGTERM killed the run with status 143 and no word.
+  eval_stop = preemption.should_stop_evaluating
 
   copy = ""  # the final evaluation's suffix ('' or '-2' ...), which the predict files share
 
   def final_evaluation(saved_config, metrics_writer):
-    """``evaluate`` of the last step, which SIGTERM stops (``final_stop``)."""
+    """``evaluate`` of the last step, which SIGTERM stops (``eval_stop``)."""
     nonlocal copy
     out = evaluate(cfg, task, predict_fn, state.params, eval_feats, mesh, step, workdir_path,
-                   metrics_writer, saved=saved_config, should_stop=final_stop)
+                   metrics_writer, saved=saved_config, should_stop=eval_stop)
     if out is None:
       checkpointer.wait()
       raise guards.Preempted.during_final_evaluation(step)
     record, copy = out
     return record
+
+  def epoch_evaluation(metrics_writer):
+    """``evaluate`` at an epoch's end before the last, which SIGTERM stops too."""
+    out = evaluate(cfg, task, predict_fn, state.params, eval_feats, mesh, step, workdir_path,
+                   metrics_writer, should_stop=eval_stop)
+    if out is None:
+      checkpointer.wait()
+      raise guards.Preempted.during_evaluation_of_epoch(step)
+    return out[0]
 
   with contextlib.closing(preemption):
     try:
@@ -342,9 +352,8 @@ def _run_held(cfg, task, fields, loaded, tokenizer, train_feats, eval_feats, to_
         raise guards.Preempted.before_first_step(None if restored is None else step)
       with sharding.use_mesh(mesh):
         if _epoch_end_unevaluated(cfg, step, workdir_path):  # stopped there before
-          record = (final_evaluation(saved, writer) if step == cfg.num_train_steps else
-                    evaluate(cfg, task, predict_fn, state.params, eval_feats, mesh, step,
-                             workdir_path, writer)[0])
+          record = (final_evaluation(saved, writer) if step == cfg.num_train_steps
+                    else epoch_evaluation(writer))
           best.offer(step, _best_loss(cfg, record), state, it.get_state(), cfg, fingerprint)
         while step < last:
           batch = _device_batch(train_feats, task.kind, it.next_indices())
@@ -378,9 +387,8 @@ def _run_held(cfg, task, fields, loaded, tokenizer, train_feats, eval_feats, to_
             checkpointer.wait()
             raise guards.Preempted(step)
           if epoch_end:
-            record = (final_evaluation(None, writer) if step == cfg.num_train_steps else
-                      evaluate(cfg, task, predict_fn, state.params, eval_feats, mesh, step,
-                               workdir_path, writer)[0])
+            record = (final_evaluation(None, writer) if step == cfg.num_train_steps
+                      else epoch_evaluation(writer))
             best.offer(step, _best_loss(cfg, record), state, it.get_state(), cfg, fingerprint)
         check_previous()
         if step == cfg.num_train_steps and record is None:
@@ -404,7 +412,7 @@ def _run_held(cfg, task, fields, loaded, tokenizer, train_feats, eval_feats, to_
       params = predict_lib.best_params(workdir, best.best["step"], abstract, shardings)
       for name, examples, feats in to_predict:
         logits = predict(predict_fn, params, feats, task.kind, cfg.batch_size, mesh,
-                         should_stop=final_stop)
+                         should_stop=eval_stop)
         if logits is None:
           raise guards.Preempted.during_final_predictions(step)
         if jax.process_index() == 0:
