@@ -11,8 +11,10 @@ same command goes on:
     already prepared for the rerun (one process; on pods it finishes first);
   - during training, or while a checkpoint is being written: a checkpoint of
     the current step is saved and the loop waits for it to commit;
-  - during an evaluation: the evaluation is abandoned (the final one is rerun
-    by the next run), after the checkpoint of the step has committed.
+  - during an evaluation: the evaluation is abandoned after the checkpoint
+    of the step has committed, and the next run does it first (a periodic
+    one before its next step, the final one at the end); with several
+    processes all abandon it before the same batch (``should_stop_evaluating``).
 ``bertjax.main`` (and ``evaluate``, ``finetune``) calls ``catch_sigterm``
 before its heavy imports, with SIGTERM blocked across the restart before it
 (``host_memory``), so a SIGTERM during start-up is remembered rather than
