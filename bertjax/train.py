@@ -415,21 +415,28 @@ def _train_and_evaluate(config, workdir, stop_at_step, preemption):
                       prepared.fingerprint)
     saved_step = step
 
+  def periodic_evaluation(step, state) -> bool:
+    """Evaluates ``state`` at ``step``, logs it and offers it as the best;
+    False when a stop abandoned it (nothing logged)."""
+    nonlocal periodic
+    record = evaluation.evaluate_params(config, state.params, prepared, mesh, model,
+                                        objective, should_stop=eval_stop, step_fn=eval_fn)
+    if record is None:
+      return False
+    writer.write(step, record, prefix="eval_", flush=True)
+    periodic = (step, record)
+    best.offer(step, record.get("loss", record["mlm_loss"]), state,
+               train_iter.get_state(), config, prepared.fingerprint)
+    return True
+
   multihost.barrier("first step")  # the hosts start their steps together
   try:
     with sharding.use_mesh(mesh):
       if restored is not None and _evaluation_skipped(config, workdir, step):
         # A stop (SIGTERM, Ctrl-C) at or during this step's periodic
         # evaluation skipped it; its checkpoint is the one resumed from.
-        record = evaluation.evaluate_params(config, state.params, prepared, mesh, model,
-                                            objective, should_stop=eval_stop,
-                                            step_fn=eval_fn)
-        if record is None:
+        if not periodic_evaluation(step, state):
           raise guards.Preempted(step)
-        writer.write(step, record, prefix="eval_", flush=True)
-        periodic = (step, record)
-        best.offer(step, record.get("loss", record["mlm_loss"]), state,
-                   train_iter.get_state(), config, prepared.fingerprint)
       while step < last:
         host_batch = next(train_iter)
         state, step_metrics = step_fn(state, to_global(host_batch, mesh), rng)
@@ -450,18 +457,10 @@ def _train_and_evaluate(config, workdir, stop_at_step, preemption):
           save(step, state)
         if not stopping and config.eval_every_steps and (
             step % config.eval_every_steps == 0):
-          record = evaluation.evaluate_params(config, state.params, prepared, mesh,
-                                              model, objective, should_stop=eval_stop,
-                                              step_fn=eval_fn)
-          if record is None:  # SIGTERM during the evaluation
+          if not periodic_evaluation(step, state):  # SIGTERM during the evaluation
             stopping = True
             if saved_step != step:
               save(step, state)
-          else:
-            writer.write(step, record, prefix="eval_", flush=True)
-            periodic = (step, record)
-            best.offer(step, record.get("loss", record["mlm_loss"]), state,
-                       train_iter.get_state(), config, prepared.fingerprint)
         if stopping:  # saved above, its row with it
           checkpointer.wait()
           raise guards.Preempted(step)

@@ -4,20 +4,12 @@ or before the same evaluation batch, whichever process got the SIGTERM.
 Scripts of two JAX processes on one machine, no model."""
 
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TIMEOUT = 300  # seconds the processes may take before the test fails (a hang)
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
+from test_multiprocess import ROOT, TIMEOUT, _free_port
 
 
 def _run(tmp_path, source: str, count: int, *args: str) -> list[str]:
