@@ -1,6 +1,8 @@
 """Orbax's log lines around bertjax's checkpoints: what a reader need not see.
 
 ``quiet_read_only`` hides the notices orbax prints on every read-only open;
+``quiet_handler_override`` its warning when bertjax puts its own jax.Array
+handler in place (bertjax/checkpointing.py);
 ``held_logs`` keeps a restore's lines back until it is known to have worked,
 since a failed one is reported in one bertjax line (bertjax/checkpointing.py).
 """
@@ -37,6 +39,29 @@ def quiet_read_only():
       yield
   finally:
     absl_logger.removeFilter(notices)
+
+
+class _DropPrefix(std_logging.Filter):
+
+  def __init__(self, prefix: str):
+    super().__init__()
+    self._prefix = prefix
+
+  def filter(self, record: std_logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(self._prefix)
+
+
+@contextlib.contextmanager
+def quiet_handler_override():
+  """Hides orbax's warning that a type's handler is being replaced: bertjax
+  replaces the jax.Array one on purpose (and says why in its docs)."""
+  absl_logger = std_logging.getLogger("absl")
+  drop = _DropPrefix("Type handler registry type")
+  absl_logger.addFilter(drop)
+  try:
+    yield
+  finally:
+    absl_logger.removeFilter(drop)
 
 
 class _Hold(std_logging.Filter):
