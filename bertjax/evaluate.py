@@ -82,6 +82,9 @@ def main(argv):
     print(guards.Preempted.while_connecting(), flush=True)
     sys.stdout.flush()
     os._exit(guards.EXIT_PREEMPTED)
+  except multihost.NotConnected as e:
+    print(f"error: {e}", file=sys.stderr, flush=True)
+    os._exit(1)
   record = evaluation.evaluate_checkpoint(
       _CONFIG.value, _WORKDIR.value, _STEP.value,
       should_stop=guards.PreemptionWatcher.signalled)

@@ -59,6 +59,9 @@ def main(argv):
     print(guards.Preempted.while_connecting(), flush=True)
     sys.stdout.flush()
     os._exit(guards.EXIT_PREEMPTED)
+  except multihost.NotConnected as e:
+    print(f"error: {e}", file=sys.stderr, flush=True)
+    os._exit(1)
   try:
     train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except guards.Preempted as e:

@@ -13,6 +13,12 @@ own and pass them on:
   JAX_PROCESS_ID=0                     # this process, 0 .. JAX_NUM_PROCESSES-1
 
 Each is passed only when set; what is unset is left to JAX's detection.
+
+A process that has not connected to the others within
+``BERTJAX_CONNECT_TIMEOUT`` seconds (default 300, JAX's own wait) ends with
+one line saying which side is missing (``NotConnected``): nothing listening
+at the coordinator's address, or processes that never came. JAX itself
+would abort the process with a C++ stack trace that blames "another task".
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import socket
+import time
 from typing import Any, Callable
 
 from bertjax import paths
@@ -27,6 +35,10 @@ from bertjax import paths
 COORDINATOR = "JAX_COORDINATOR_ADDRESS"
 NUM_PROCESSES = "JAX_NUM_PROCESSES"
 PROCESS_ID = "JAX_PROCESS_ID"
+CONNECT_TIMEOUT = "BERTJAX_CONNECT_TIMEOUT"
+# JAX aborts a process that has not connected after its initialization_timeout;
+# bertjax's own deadline must come first, so JAX is given this much longer.
+_JAX_GRACE_S = 60
 
 
 def wanted(flag_value: bool | None) -> bool:
@@ -93,6 +105,57 @@ class StoppedWhileConnecting(Exception):
   """``stop()`` became true before this process had connected to the others."""
 
 
+class NotConnected(Exception):
+  """The processes did not all connect within ``BERTJAX_CONNECT_TIMEOUT``; the
+  message says what to fix. JAX's connect still waits in its thread: the
+  process must end at once (``os._exit``)."""
+
+
+def connect_timeout(environ=None) -> float:
+  """Seconds to wait for the other processes (``BERTJAX_CONNECT_TIMEOUT``)."""
+  environ = os.environ if environ is None else environ
+  value = environ.get(CONNECT_TIMEOUT, "").strip()
+  if not value:
+    return 300.0
+  try:
+    seconds = float(value)
+  except ValueError:
+    seconds = float("nan")
+  if not 0 < seconds < float("inf"):
+    raise ValueError(f"{CONNECT_TIMEOUT}={value!r} is not a positive number of "
+                     f"seconds; set it to e.g. {CONNECT_TIMEOUT}=600.")
+  return seconds
+
+
+def _reachable(address: str) -> bool:
+  """Whether something accepts TCP connections at ``host:port``."""
+  host, _, port = address.rpartition(":")
+  try:
+    with socket.create_connection((host.strip("[]"), int(port)), timeout=2):
+      return True
+  except (OSError, ValueError):
+    return False
+
+
+def _not_connected(kwargs: dict, waited: float, environ=None) -> str:
+  """What ``NotConnected`` says: which side is missing, and the fix."""
+  environ = os.environ if environ is None else environ
+  count, index = kwargs.get("num_processes"), kwargs.get("process_id")
+  who = "This process" if index is None else f"Process {index} of {count}"
+  address = environ.get(COORDINATOR)
+  longer = f"or give them longer with {CONNECT_TIMEOUT}=SECONDS"
+  if address and index != 0 and not _reachable(address):
+    return (f"{who} found nothing listening at the coordinator's address {address} "
+            f"({COORDINATOR}) in {waited:g} s; start process 0 on that host, check "
+            f"the address and that its port is open between the hosts, {longer}.")
+  where = f" at {address}" if address else ""
+  count_text = f"all {count}" if count else "all the"
+  return (f"{who} waited {waited:g} s for the other processes to connect to the "
+          f"coordinator{where} and not all did; start {count_text} processes with "
+          f"the same {COORDINATOR} and {NUM_PROCESSES}, each with its own "
+          f"{PROCESS_ID}, {longer}.")
+
+
 def initialize(flag_value: bool | None,
                stop: Callable[[], bool] | None = None) -> None:
   """Starts ``jax.distributed`` when ``wanted(flag_value)``; before any device work.
@@ -100,17 +163,21 @@ def initialize(flag_value: bool | None,
   Args:
     flag_value: ``--distributed`` (None when not given).
     stop: when given, asked every 0.1 s while this process waits for the
-      others to connect (up to JAX's 5 minutes): a process told to stop
-      (SIGTERM) is not kept there. The wait then goes on in a thread that
-      cannot be cancelled, so the caller must end the process at once
-      (``os._exit``), without interpreter shutdown.
+      others to connect: a process told to stop (SIGTERM) is not kept there.
+
+  The wait goes on in a thread that cannot be cancelled: after either
+  exception the caller must end the process at once (``os._exit``), without
+  interpreter shutdown.
 
   Raises:
     StoppedWhileConnecting: ``stop()`` was true before the connection.
+    NotConnected: not connected within ``connect_timeout()`` seconds.
   """
   if not wanted(flag_value):
     return
   kwargs = arguments()
+  timeout = connect_timeout()
+  kwargs["initialization_timeout"] = int(timeout) + _JAX_GRACE_S
   import jax
 
   def connect():
@@ -125,8 +192,6 @@ def initialize(flag_value: bool | None,
             f"{NUM_PROCESSES}=N and {PROCESS_ID}=0..N-1 on each process.") from e
       raise
 
-  if stop is None:
-    return connect()
   import threading
   outcome = []
 
@@ -142,9 +207,12 @@ def initialize(flag_value: bool | None,
   thread = threading.Thread(target=connect_in_thread, daemon=True,
                             name="jax.distributed.initialize")
   thread.start()
+  deadline = time.monotonic() + timeout
   while thread.is_alive():
-    if stop():
+    if stop is not None and stop():
       raise StoppedWhileConnecting
+    if time.monotonic() > deadline:
+      raise NotConnected(_not_connected(kwargs, timeout))
     thread.join(0.1)
   if outcome and outcome[0] is not None:
     raise outcome[0]
