@@ -148,11 +148,14 @@ def _not_connected(kwargs: dict, waited: float, environ=None) -> str:
     return (f"{who} found nothing listening at the coordinator's address {address} "
             f"({COORDINATOR}) in {waited:g} s; start process 0 on that host, check "
             f"the address and that its port is open between the hosts, {longer}.")
-  where = f" at {address}" if address else ""
+  if not address:  # a TPU slice or a cluster JAX detected
+    return (f"{who} waited {waited:g} s for the other hosts to connect and not all "
+            "did; start the same command on every host of the slice or job "
+            f"(`python -m launch.tpu` does on a TPU slice), {longer}.")
   count_text = f"all {count}" if count else "all the"
   return (f"{who} waited {waited:g} s for the other processes to connect to the "
-          f"coordinator{where} and not all did; start {count_text} processes with "
-          f"the same {COORDINATOR} and {NUM_PROCESSES}, each with its own "
+          f"coordinator at {address} and not all did; start {count_text} processes "
+          f"with the same {COORDINATOR} and {NUM_PROCESSES}, each with its own "
           f"{PROCESS_ID}, {longer}.")
 
 

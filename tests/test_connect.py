@@ -65,3 +65,10 @@ def test_process_0_alone_says_the_others_did_not_come(tmp_path):
       f"error: Process 0 of 2 waited 2 s for the other processes to connect to the "
       f"coordinator at localhost:{port} and not all did; start all 2 processes")
   assert not (tmp_path / "work").exists()
+
+
+def test_a_slice_that_jax_detected_is_told_to_start_every_host():
+  # No address in the environment (a TPU slice, SLURM): no variables to name.
+  said = multihost._not_connected({}, 300.0, environ={})
+  assert said.startswith("This process waited 300 s for the other hosts to connect")
+  assert "every host of the slice" in said and "JAX_NUM_PROCESSES" not in said
