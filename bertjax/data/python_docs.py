@@ -90,7 +90,7 @@ def _prose_paragraph(lines: list[str]) -> str | None:
   text = strip_markup(" ".join(l.strip() for l in [first] + lines[1:]))
   if len(_WORD.findall(text)) < 5 or not _PROSE_END.search(text):
     return None
-  letters = sum(c.isalpha() or c == " " for c in text)
+  letters = sum(map(str.isalpha, text)) + text.count(" ")
   return text if letters >= 0.85 * len(text) else None
 
 
@@ -125,12 +125,26 @@ def _module_name(relpath: str) -> str:
   return ".".join(parts)
 
 
+# The fields of a node that hold statements (``except`` handlers and ``case``
+# blocks hold them in turn): classes and functions are statements, so they
+# are found without visiting a single expression (ast.walk visits every node,
+# about ten times as many, and took half of the corpus's parse).
+_STATEMENT_FIELDS = ("body", "orelse", "finalbody", "handlers", "cases")
+_DEFINITIONS = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+def _definitions(node: ast.AST) -> Iterator[ast.AST]:
+  """Every class and function defined anywhere under ``node``."""
+  for field in _STATEMENT_FIELDS:
+    for child in getattr(node, field, ()):
+      if isinstance(child, _DEFINITIONS):
+        yield child
+      yield from _definitions(child)
+
+
 def _docstrings(tree: ast.Module) -> Iterator[str]:
   """Docstrings of a module, then of its classes and functions in source order."""
-  nodes = [tree] + sorted(
-      (n for n in ast.walk(tree)
-       if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))),
-      key=lambda n: (n.lineno, n.col_offset))
+  nodes = [tree] + sorted(_definitions(tree), key=lambda n: (n.lineno, n.col_offset))
   for node in nodes:
     doc = ast.get_docstring(node, clean=False)
     if doc:
