@@ -23,11 +23,21 @@ def read(name):
   return nbformat.read(os.path.join(ROOT, "notebooks", name), as_version=4)
 
 
+def _smoke_env(tmp_path, env):
+  """The kernel's environment: the smoke sizes, and a TMPDIR under the test's
+  tmp_path, so that the directories the notebooks make with tempfile (their
+  workdirs, an HF export) go when pytest clears its tmp_paths instead of
+  piling up in /tmp with every run."""
+  tmp = tmp_path / "tmpdir"
+  tmp.mkdir(exist_ok=True)
+  return {"BERTJAX_NOTEBOOK_SMOKE": "1", "TMPDIR": str(tmp), **env}
+
+
 def run(name, tmp_path, **env):
   """Executes a notebook with the smoke sizes in a directory outside the checkout."""
   cwd = tmp_path / f"cwd-{name}"
   cwd.mkdir()
-  return runner.execute(read(name), {"BERTJAX_NOTEBOOK_SMOKE": "1", **env}, cwd=str(cwd))
+  return runner.execute(read(name), _smoke_env(tmp_path, env), cwd=str(cwd))
 
 
 def run_cells(name, indices, tmp_path, **env):
@@ -41,7 +51,7 @@ def run_cells(name, indices, tmp_path, **env):
   client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
                                    resources={"metadata": {"path": str(cwd)}})
   printed = []
-  with client.setup_kernel(env=runner.kernel_env({"BERTJAX_NOTEBOOK_SMOKE": "1", **env})):
+  with client.setup_kernel(env=runner.kernel_env(_smoke_env(tmp_path, env))):
     for index in indices:
       if isinstance(index, str):  # the user's own cell
         cell, index = nbformat.v4.new_code_cell(index), len(nb.cells) - 1
