@@ -20,10 +20,16 @@ _READ_ONLY_NOTICES = ("CheckpointManagerOptions.read_only=True, setting",
                       "Given directory is read only=")
 
 
-class _DropNotices(std_logging.Filter):
+class _DropPrefix(std_logging.Filter):
+  """Drops the records whose message starts with ``prefix`` (a string or a
+  tuple of them)."""
+
+  def __init__(self, prefix: str | tuple[str, ...]):
+    super().__init__()
+    self._prefix = prefix
 
   def filter(self, record: std_logging.LogRecord) -> bool:
-    return not str(record.msg).startswith(_READ_ONLY_NOTICES)
+    return not str(record.msg).startswith(self._prefix)
 
 
 @contextlib.contextmanager
@@ -31,7 +37,7 @@ def quiet_read_only():
   """Hides orbax's expected read-only notices and its "Sharding info not
   provided" warning (params are restored where they fit); other warnings show."""
   absl_logger = std_logging.getLogger("absl")
-  notices = _DropNotices()
+  notices = _DropPrefix(_READ_ONLY_NOTICES)
   absl_logger.addFilter(notices)
   try:
     with warnings.catch_warnings():
@@ -39,16 +45,6 @@ def quiet_read_only():
       yield
   finally:
     absl_logger.removeFilter(notices)
-
-
-class _DropPrefix(std_logging.Filter):
-
-  def __init__(self, prefix: str):
-    super().__init__()
-    self._prefix = prefix
-
-  def filter(self, record: std_logging.LogRecord) -> bool:
-    return not str(record.msg).startswith(self._prefix)
 
 
 @contextlib.contextmanager
