@@ -8,7 +8,8 @@ same command goes on:
   - before the first step (start-up, data preparation, restore): nothing new
     to save, the newest checkpoint stays the newest; data preparation stops
     at once (``sigterm_raises``, as ``bertjax.prepare``), keeping the units
-    already prepared for the rerun (one process; on pods it finishes first);
+    already prepared for the rerun (on pods: every process, whichever got
+    the notice, bertjax/preempt_notice.py);
   - during training, or while a checkpoint is being written: a checkpoint of
     the current step is saved and the loop waits for it to commit;
   - during an evaluation: the evaluation is abandoned after the checkpoint
@@ -183,40 +184,60 @@ def sigterm_raises():
   point of its own: prepare (every unit is staged and published by rename,
   bertjax/data/staged.py), convert (an import is staged, an export removes
   what it wrote). One remembered before (``catch_sigterm``) raises on entry;
-  on exit the handler from before is back. Main thread only, and not with
-  ``jax.distributed`` running, whose notifier has SIGTERM (there: no effect).
+  on exit the handler from before is back. Main thread only. With
+  ``jax.distributed`` running, JAX's notifier has SIGTERM: there a preemption
+  notice of any process raises ``Terminated`` instead (bertjax/preempt_notice.py).
   """
-  if (threading.current_thread() is not threading.main_thread()
-      or _several_processes()):
+  if threading.current_thread() is not threading.main_thread():
     yield
+    return
+  if _several_processes():
+    from bertjax import preempt_notice
+    with preempt_notice.raising(), _said_as_terminated():
+      yield
     return
   previous = signal.signal(signal.SIGTERM, _raise_terminated)
   try:
     if _SIGTERM.is_set():
       raise Terminated
-    try:
+    with _said_as_terminated():
       yield
-    except Terminated:
-      raise
-    except Exception as e:
-      # A library that catches everything (TFDS reading a JSON file, say)
-      # turns the Terminated raised inside it into an error of its own,
-      # which would be reported as bad data: the stop it was is said instead.
-      if _SIGTERM.is_set():
-        raise Terminated from e
-      raise
   finally:
     # None: a handler not set from Python, which cannot be set back.
     signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
+@contextlib.contextmanager
+def _said_as_terminated():
+  """A library that catches everything (TFDS reading a JSON file, say) turns
+  the Terminated raised inside it into an error of its own, which would be
+  reported as bad data: the stop it was is said instead."""
+  try:
+    yield
+  except Terminated:
+    raise
+  except Exception as e:
+    if _SIGTERM.is_set():
+      raise Terminated from e
+    raise
+
+
+def remember_sigterm() -> None:
+  """Marks this process as stopping (a preemption notice of another process)."""
+  _SIGTERM.set()
+
+
 def finish_on_sigterm() -> None:
   """From here to the end of the ``sigterm_raises`` block a SIGTERM is
   remembered, not raised: for its last part, which a stop would leave half
-  done (an import's moves into the workdir) and which is short."""
-  if (threading.current_thread() is threading.main_thread()
-      and signal.getsignal(signal.SIGTERM) is _raise_terminated):
+  done (an import's moves into the workdir) and which is short. With several
+  processes: the part after they agreed to go on (``multihost.process_0_first``)."""
+  if threading.current_thread() is not threading.main_thread():
+    return
+  if signal.getsignal(signal.SIGTERM) is _raise_terminated:
     signal.signal(signal.SIGTERM, _on_sigterm)
+  if "bertjax.preempt_notice" in sys.modules:
+    sys.modules["bertjax.preempt_notice"].hold()
 
 
 def _several_processes() -> bool:

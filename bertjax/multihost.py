@@ -31,6 +31,7 @@ import time
 from typing import Any, Callable
 
 from bertjax import paths
+from bertjax import preempt_notice
 
 COORDINATOR = "JAX_COORDINATOR_ADDRESS"
 NUM_PROCESSES = "JAX_NUM_PROCESSES"
@@ -248,11 +249,10 @@ def _client():
   from jax._src import distributed  # pylint: disable=g-import-not-at-top
   return distributed.global_state.client
 
-# How long the other processes wait for process 0's part of process_0_first:
-# preparing a large corpus takes hours. A process 0 that dies does not leave
-# them waiting this long: JAX's heartbeats end them.
-_WAIT_MS = 7 * 24 * 3600 * 1000
 _calls = itertools.count()
+# A process's outcome in ``process_0_first`` when a preemption notice stopped it.
+_STOPPED = "stopped by a preemption notice"
+_POLL_S = 0.5
 
 
 def process_0_first(fn: Callable[[], Any], what: str) -> Any:
@@ -262,7 +262,15 @@ def process_0_first(fn: Callable[[], Any], what: str) -> Any:
   them while the others wait, and the others then find them made and only read
   (on hosts that do not share the directory, each makes its own afterwards).
   The wait is on JAX's coordination service, not a device collective (XLA:CPU's
-  gloo collectives give up after 30 s).
+  gloo collectives give up after 30 s), polled, so that a preemption notice
+  reaches a waiting process (``guards.sigterm_raises``; a process 0 that dies
+  ends the others through JAX's heartbeats).
+
+  Every process publishes how its part ended, and returns only once every
+  other one has ended its part well: all go on, or all stop. One stopped by a
+  notice (``guards.Terminated``) stops the others the same way, even one that
+  had finished when the notice came; a notice after that is left to the
+  train loop's sync point (``guards.finish_on_sigterm``).
 
   Args:
     fn: the work, the same on every process.
@@ -272,26 +280,49 @@ def process_0_first(fn: Callable[[], Any], what: str) -> Any:
     ``fn()``'s result on this process.
 
   Raises:
-    ValueError: on the others, when ``fn`` failed on process 0 (its message).
+    guards.Terminated: a preemption notice stopped this or another process.
+    ValueError: when ``fn`` failed on another process (its message).
   """
   import jax
+  from bertjax import guards
   if jax.process_count() == 1:
     return fn()
   client = _client()
-  key = f"bertjax/process_0_first/{next(_calls)}"
-  if jax.process_index() == 0:
-    try:
-      result = fn()
-    except BaseException as e:
-      client.key_value_set(key, f"{type(e).__name__}: {e}")
-      raise
-    client.key_value_set(key, "")
-    return result
-  failure = client.blocking_key_value_get(key, _WAIT_MS)
-  if failure:
-    raise ValueError(f"Process 0 could not {what} ({failure}); this process "
-                     "stops with it.")
-  return fn()
+  prefix = f"bertjax/process_0_first/{next(_calls)}"
+  index = jax.process_index()
+
+  def outcome_of(other: int) -> None:
+    """Waits for process ``other``'s part; raises as it ended, if not well."""
+    key = f"{prefix}/{other}"
+    while (outcome := preempt_notice.try_get(client, key)) is None:
+      time.sleep(_POLL_S)
+    if outcome == _STOPPED:
+      raise guards.Terminated
+    if outcome:
+      raise ValueError(f"Process {other} could not {what} ({outcome}); this "
+                       "process stops with it.")
+
+  mine = f"{prefix}/{index}"
+  try:
+    if index != 0:
+      outcome_of(0)  # process 0's failure needs no word from this one
+  except guards.Terminated:
+    client.key_value_set(mine, _STOPPED)
+    raise
+  try:
+    result = fn()
+    guards.finish_on_sigterm()  # from here on this process has done its part
+  except guards.Terminated:
+    client.key_value_set(mine, _STOPPED)
+    raise
+  except BaseException as e:
+    client.key_value_set(mine, f"{type(e).__name__}: {e}")
+    raise
+  client.key_value_set(mine, "")
+  for other in range(1 if index == 0 else 0, jax.process_count()):
+    if other != index:
+      outcome_of(other)
+  return result
 
 
 # How long a process waits for the others at a point they all reach within

@@ -61,6 +61,11 @@ class _FakeCoordinator:
     assert timeout_ms > 0
     return self.values[key]  # a KeyError stands for a wait that never ends
 
+  def key_value_try_get(self, key):
+    # Asked in a loop until the key is there: again, a KeyError stands for
+    # a wait that never ends (JAX's client raises NOT_FOUND).
+    return self.values[key]
+
 
 @pytest.fixture
 def as_process(monkeypatch):
@@ -79,12 +84,23 @@ def as_process(monkeypatch):
 
 
 def test_process_0_works_first_and_the_others_only_after_it(as_process):
-  client = as_process(0)
-  assert multihost.process_0_first(lambda: "made", "prepare the data") == "made"
-  assert client.values == {"bertjax/process_0_first/0": ""}
-  # Process 1 runs only once process 0 has said it is done (here: already).
-  as_process(1, client.values)
-  assert multihost.process_0_first(lambda: "read", "prepare the data") == "read"
+  ran = []
+
+  def work(index):
+    return lambda: ran.append(index) or f"done by {index}"
+  client = as_process(1)
+  with pytest.raises(KeyError):  # process 1 waits for process 0's part
+    multihost.process_0_first(work(1), "prepare the data")
+  assert ran == [] and client.values == {}
+  client = as_process(0, client.values)
+  with pytest.raises(KeyError):  # process 0 has done its part, waits for 1's
+    multihost.process_0_first(work(0), "prepare the data")
+  assert ran == [0] and client.values == {"bertjax/process_0_first/0/0": ""}
+  client = as_process(1, client.values)  # process 0 has said it is done: 1 runs
+  assert multihost.process_0_first(work(1), "prepare the data") == "done by 1"
+  assert ran == [0, 1] and client.values["bertjax/process_0_first/0/1"] == ""
+  as_process(0, client.values)  # both done: process 0 returns too
+  assert multihost.process_0_first(work(0), "prepare the data") == "done by 0"
 
 
 def test_a_failure_on_process_0_stops_the_others_with_its_message(as_process):
@@ -97,6 +113,40 @@ def test_a_failure_on_process_0_stops_the_others_with_its_message(as_process):
   as_process(1, client.values)
   ran = []
   with pytest.raises(ValueError, match="Process 0 could not prepare the data.*x.txt"):
+    multihost.process_0_first(lambda: ran.append(1), "prepare the data")
+  assert not ran
+
+
+def test_a_failure_on_another_process_stops_process_0_too(as_process):
+  """Process 0 has done its part when process 1's fails (hosts that do not
+  share the data_dir prepare their own copy): it does not go on alone."""
+  client = as_process(0, {"bertjax/process_0_first/0/1": "OSError: disk full"})
+  with pytest.raises(ValueError, match="Process 1 could not prepare the data "
+                                       r"\(OSError: disk full\)"):
+    multihost.process_0_first(lambda: "made", "prepare the data")
+  assert client.values["bertjax/process_0_first/0/0"] == ""
+
+
+def test_a_process_stopped_by_a_preemption_notice_stops_them_all(as_process):
+  from bertjax import guards
+
+  def stopped():
+    raise guards.Terminated
+  # Process 1 stopped during its part, after process 0 had done its own:
+  # process 0 stops as well, instead of training alone.
+  client = as_process(1, {"bertjax/process_0_first/0/0": ""})
+  with pytest.raises(guards.Terminated):
+    multihost.process_0_first(stopped, "prepare the data")
+  as_process(0, client.values)
+  with pytest.raises(guards.Terminated):
+    multihost.process_0_first(lambda: "made", "prepare the data")
+  # Process 0 stopped during its part: process 1 stops without starting its own.
+  client = as_process(0)
+  with pytest.raises(guards.Terminated):
+    multihost.process_0_first(stopped, "prepare the data")
+  as_process(1, client.values)
+  ran = []
+  with pytest.raises(guards.Terminated):
     multihost.process_0_first(lambda: ran.append(1), "prepare the data")
   assert not ran
 
@@ -450,3 +500,25 @@ def test_a_sigterm_while_waiting_for_the_others_to_connect_exits_75(tmp_path):
   assert procs[0].returncode == 75, log[-3000:]
   assert "Preempted while this process waited for the others to connect" in log
   assert not work.exists()
+
+
+def test_a_sigterm_to_a_waiting_process_stops_process_0_preparing(tmp_path):
+  """With two processes JAX's notifier has SIGTERM. Process 1, waiting for
+  process 0 to prepare the demo corpus, gets it: both exit 75 at once, not
+  once process 0 has prepared everything (tokenizer training included), and
+  nothing is left that a rerun could take for prepared."""
+  work = tmp_path / "work"
+  procs = _start(work, "", tmp_path, "prep")
+  deadline = time.time() + TIMEOUT
+  while "Preparing bertjax_python_docs" not in (tmp_path / "prep.0.log").read_text():
+    assert all(p.poll() is None for p in procs), "a process ended before preparing"
+    assert time.time() < deadline, "process 0 never started preparing"
+    time.sleep(0.05)
+  procs[1].send_signal(signal.SIGTERM)
+  codes, logs = _finish(procs, tmp_path, "prep")
+  assert codes == [75, 75], logs[0][-3000:] + logs[1][-3000:]
+  for log in logs:
+    assert "Preempted while preparing the data (no checkpoint yet)" in log
+  assert "Training a unigram tokenizer" not in logs[0]  # stopped in the parse
+  assert not (work / "data" / "tokenizers").exists()
+  assert not (work / "checkpoints").exists() or not os.listdir(work / "checkpoints")

@@ -110,3 +110,60 @@ def test_a_notice_during_an_evaluation_stops_every_process_at_one_batch(
   # asked when the notice came: the signalled one had asked 3 + 3, the other
   # at most a few more (0.1 against 0.15 s a batch); never the end.
   assert 3 <= batch < 20, outs
+
+
+# Each process: process 0 first's part (bertjax.main preparing the data, here
+# a minute of sleeps), then the others'; the process given as the last
+# argument sends itself SIGTERM once the process whose part it is not has
+# started that part: process 1 while it waits for process 0, process 0 after
+# it has done its own. Prints how many seconds of the part ran.
+_PREPARE = """
+import os, signal, sys, threading, time
+import jax
+count, index, signalled = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+jax.distributed.initialize(num_processes=count, process_id=index)
+from bertjax import guards, multihost
+from jax._src import distributed
+client = distributed.global_state.client
+slow = 1 - signalled  # the process whose part is long
+
+def signal_when_started():
+  client.blocking_key_value_get("test/started", 60_000)
+  os.kill(os.getpid(), signal.SIGTERM)
+
+def part():
+  if index != slow:
+    return "quick"
+  client.key_value_set("test/started", "")
+  start = time.time()
+  try:
+    while time.time() - start < 60:
+      time.sleep(0.05)
+  finally:
+    print(f"worked {time.time() - start:.1f} s", flush=True)
+  return "slow"
+
+if index == signalled:
+  threading.Thread(target=signal_when_started, daemon=True).start()
+try:
+  with guards.sigterm_raises():
+    print("went on with", multihost.process_0_first(part, "prepare"), flush=True)
+except guards.Terminated:
+  print("terminated", flush=True)
+"""
+
+
+@pytest.mark.parametrize("signalled", [1, 0])
+def test_a_notice_while_preparing_stops_every_process_at_once(tmp_path, signalled):
+  """With several processes JAX's notifier has SIGTERM; preparing the data
+  asks no sync point, and used to run to its end (hours, on a large corpus)
+  while the others waited. The notice of either process now stops the part
+  that runs within a second, and every process with it: process 1 waiting
+  for process 0 (signalled=1), or process 0 that had done its part and was
+  waiting for process 1's (signalled=0)."""
+  outs = _run(tmp_path, _PREPARE, 2, str(signalled))
+  assert [_lines(out, "terminated") for out in outs] == [["terminated"]] * 2, outs
+  assert not any(_lines(out, "went on") for out in outs), outs
+  slow = 1 - signalled
+  worked = _lines(outs[slow], "worked")
+  assert len(worked) == 1 and float(worked[0].split()[1]) < 15, outs
