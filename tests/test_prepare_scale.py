@@ -3,6 +3,7 @@ a uniform tokenizer sample; a huge one-line file read a block at a time."""
 
 import hashlib
 import os
+import tempfile
 import re
 import signal
 import subprocess
@@ -152,6 +153,25 @@ def test_an_empty_split_of_a_unit_stages_no_file(tmp_path):
   splits = tfds.builder_from_directory(str(dataset_dir)).info.splits
   assert (splits["train"].shard_lengths, splits["validation"].shard_lengths) == ([2, 1], [1])
   assert [r.problem for r in shards.verify(str(tmp_path / "data"))] == [None] * 3
+
+
+def test_a_local_unit_leaves_nothing_in_the_temp_directory_while_written(
+    tmp_path, monkeypatch):
+  # A worker killed mid-unit used to leave an empty bertjax-unit-* directory
+  # in /tmp, one per unit it was writing (only a gs:// dataset needs one).
+  temp = tmp_path / "temp"
+  temp.mkdir()
+  monkeypatch.setattr(tempfile, "tempdir", str(temp))
+  serialize = staged.Serializer(builders.text_features())
+  seen = []
+
+  def docs():
+    for i in range(3):
+      seen.append(os.listdir(temp))  # what a kill here would leave behind
+      yield serialize({"id": f"d{i}", "sentences": [f"Sentence {i}."]})
+  stage = staged.Stage(str(tmp_path / "data" / "x" / "1.0.0"), "x", "plan")
+  assert stage.write_unit(0, {"train": docs()}, {})["records"] == {"train": 3}
+  assert seen == [[], [], []] and os.listdir(temp) == []
 
 
 def test_tokenizer_sample_is_uniform_over_a_sorted_corpus(demo_config, tmp_path):

@@ -121,7 +121,10 @@ class Stage:
     """
     self.dir.mkdir(parents=True, exist_ok=True)
     counts, sizes, digests = {}, {}, {}
-    with tempfile.TemporaryDirectory(prefix="bertjax-unit-") as tmp:
+    # A temporary directory only for a gs:// dataset: made for every unit, one
+    # left empty in /tmp by each worker a kill stopped mid-unit.
+    with contextlib.ExitStack() as stack:
+      tmp = None
       for split, examples in records.items():
         examples = iter(examples)
         first = next(examples, None)
@@ -133,8 +136,13 @@ class Stage:
         examples = itertools.chain([first], examples)
         final = self._shard(index, split)
         # Riegeli writes local files; a gs:// dataset gets a copy of one.
-        local = (os.fspath(final) + f".tmp-{os.getpid()}" if is_local(final)
-                 else os.path.join(tmp, final.name))
+        if is_local(final):
+          local = os.fspath(final) + f".tmp-{os.getpid()}"
+        else:
+          if tmp is None:
+            tmp = stack.enter_context(
+                tempfile.TemporaryDirectory(prefix="bertjax-unit-"))
+          local = os.path.join(tmp, final.name)
         writer = array_record_module.ArrayRecordWriter(local, _WRITER_OPTIONS)
         count = 0
         try:
