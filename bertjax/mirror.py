@@ -18,6 +18,7 @@ import os
 import re
 
 from bertjax import paths
+from bertjax import workdir_lock
 
 # Written last by ``push`` and checked first by readers: a dataset is only
 # trusted once these exist, so a push cut short is never taken for data.
@@ -31,6 +32,14 @@ _COMPARE_BELOW = 1 << 16
 # rename (``paths.tmp_name``, ``<shard>.tmp-<pid>``): a process that died
 # between the two left one, which is no data and must not travel between mirror and bucket.
 _TMP = re.compile(r"\.tmp-\d+(-\d+)?$")
+# Locks (bertjax/workdir_lock.py, bertjax/gcs_lease.py): the mirror's is held
+# by this machine, the bucket's by whichever machine prepares; neither is data.
+_LOCKS = (workdir_lock.LOCK_FILE, workdir_lock.DATA_LOCK_FILE)
+
+
+def _travels(rel: str) -> bool:
+  """Whether the file ``rel`` is copied between mirror and bucket."""
+  return not _TMP.search(rel) and os.path.basename(rel) not in _LOCKS
 
 
 def _listing(root: str, staging: bool) -> dict[str, tuple[int, bytes | None]]:
@@ -41,7 +50,7 @@ def _listing(root: str, staging: bool) -> dict[str, tuple[int, bytes | None]]:
   md5 is left None, to be hashed only where needed."""
   if not paths.is_remote(root):
     return {rel: (size, None) for rel, size in paths.walk_files(root, staging=staging)
-            if not _TMP.search(rel)}
+            if _travels(rel)}
   import fsspec  # pylint: disable=g-import-not-at-top  (gcsfs comes with it)
   fs, inner = fsspec.core.url_to_fs(root)
   fs.invalidate_cache(inner)
@@ -54,7 +63,7 @@ def _listing(root: str, staging: bool) -> dict[str, tuple[int, bytes | None]]:
     rel = os.path.relpath(name, inner)
     parts = rel.split(os.sep)
     if (info.get("type") == "directory" or rel == "." or rel.startswith("..")
-        or _TMP.search(rel)):
+        or not _travels(rel)):
       continue
     if not staging and any(part in paths.SKIP_DIRS for part in parts[:-1]):
       continue

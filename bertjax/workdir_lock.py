@@ -7,8 +7,9 @@ operating system drops the lock when the process dies, however it dies, so a
 ``kill -9`` never blocks the next run. The file itself stays (removing a lock
 file races with the next taker); its text changes with each run.
 
-Limits: only local (and NFS) paths are locked; a ``gs://`` workdir cannot be,
-and on a multi-host pod only process 0 takes the lock. Worker processes
+A ``gs://`` workdir gets a lease object instead (bertjax/gcs_lease.py), which
+a run that died elsewhere holds until its lease lapses. Limits: other URL
+schemes are not locked, and on a multi-host pod only process 0 takes the lock. Worker processes
 forked while the lock is held (data preparation) inherit it and hold it until
 they exit. ``bertjax.evaluate`` and ``bertjax.load`` only read and take no lock.
 
@@ -26,6 +27,7 @@ import fcntl
 import os
 import socket
 import time
+from typing import Callable
 
 LOCK_FILE = ".bertjax.lock"
 DATA_LOCK_FILE = ".bertjax-prepare.lock"
@@ -174,8 +176,20 @@ class DataDirLock(WorkdirLock):
             "--config.data_dir at another directory.")
 
 
-def hold(workdir: str, process_index: int = 0) -> WorkdirLock | None:
-  """Takes the workdir's lock on process 0 of a local path; None elsewhere."""
-  if "://" in workdir or process_index != 0:
+def _run_busy(workdir: str) -> Callable[[str], str]:
+  return lambda holder: WorkdirLock(workdir)._busy(holder)  # pylint: disable=protected-access
+
+
+def hold(workdir: str, process_index: int = 0):
+  """Takes the workdir's lock on process 0: ``WorkdirLock`` on a local path,
+  a lease on a gs:// one (bertjax/gcs_lease.py); None elsewhere. The result's
+  ``release`` ends it."""
+  if process_index != 0:
+    return None
+  if workdir.startswith("gs://"):
+    from bertjax import gcs_lease  # pylint: disable=g-import-not-at-top
+    return gcs_lease.GcsLease(workdir.rstrip("/") + "/" + LOCK_FILE,
+                              _run_busy(workdir)).acquire()
+  if "://" in workdir:
     return None
   return WorkdirLock(workdir).acquire()

@@ -6,7 +6,8 @@ gcsfs (etils.epath's gs:// backend), google-cloud-storage and tensorstore
 clients rely on (see ../shared notes in the repo docs, README "gs://"):
 
 1. media downloads lack ``x-goog-generation`` / ``x-goog-metageneration``;
-2. ``ifGenerationMatch`` / ``ifGenerationNotMatch`` are ignored;
+2. ``ifGenerationMatch`` / ``ifGenerationNotMatch`` are ignored (here kept,
+   on multipart uploads too, whose object name is in the body);
 3. listings ignore ``startOffset`` / ``endOffset``;
 4. ``moveTo`` (gcsfs's rename) is not implemented.
 
@@ -17,6 +18,7 @@ point each client at it.
 
 from __future__ import annotations
 
+import io
 import json
 import socket
 import sys
@@ -84,9 +86,12 @@ class _Handler(emu_server.RequestHandler):
     target = _split_object(url.path, _API) or _split_object(url.path, _DOWNLOAD)
     if target is None or target[1] is None:
       target = _split_object(url.path, _UPLOAD)
-      if target is None or "name" not in query:
+      if target is None:
         return False
-      target = (target[0], query["name"][0])
+      name = query.get("name", [None])[0] or self._multipart_name()
+      if name is None:
+        return False
+      target = (target[0], name)
     current = self._generation(*target)
     if match is not None and int(match) != current:
       self._reply(HTTPStatus.PRECONDITION_FAILED, b'{"error": {"code": 412}}')
@@ -98,6 +103,23 @@ class _Handler(emu_server.RequestHandler):
         self._reply(HTTPStatus.PRECONDITION_FAILED, b'{"error": {"code": 412}}')
       return True
     return False
+
+  def _multipart_name(self):
+    """The object name in a multipart upload's metadata part (where
+    google-cloud-storage puts it), the body left for the emulator to read."""
+    length = int(self.headers.get("Content-Length") or 0)
+    if "multipart" not in self.headers.get("Content-Type", "") or not length:
+      return None
+    body = self.rfile.read(length)
+    self.rfile = io.BytesIO(body)
+    start = body.find(b"{")
+    if start < 0:
+      return None
+    try:
+      metadata, _ = json.JSONDecoder().raw_decode(body[start:].decode("utf-8", "replace"))
+    except ValueError:
+      return None
+    return metadata.get("name")
 
   def _list_with_offsets(self):
     url = urlparse(self.path)

@@ -125,18 +125,35 @@ def prepare(config, data_dir: str, *, beam_runner: str = "",
   # machine's mirror of it, which two prepares would write at once); a run
   # whose data is all there only reads, and takes no lock
   # (bertjax/workdir_lock.py).
-  lock = None
-  if unprepared(config, data_dir):
-    lock = (_MirrorLock(data_dir) if paths.is_remote(data_dir)
-            else workdir_lock.DataDirLock(data_dir)).acquire()
+  locks = []
   try:
+    if unprepared(config, data_dir):
+      if paths.is_remote(data_dir):
+        locks.append(_MirrorLock(data_dir).acquire())
+        if data_dir.startswith("gs://"):  # against other machines' prepares
+          locks.append(_bucket_lock(data_dir).acquire())
+      else:
+        locks.append(workdir_lock.DataDirLock(data_dir).acquire())
     if paths.is_remote(data_dir):
       return _prepare_mirrored(config, data_dir, spans, engine)
     return _prepare(config, data_dir, spans, engine)
   finally:
     workers.shutdown()
-    if lock is not None:
+    for lock in reversed(locks):
       lock.release()
+
+
+def _bucket_lock(data_dir: str):
+  """A lease on ``<data_dir>/.bertjax-prepare.lock`` in the bucket
+  (bertjax/gcs_lease.py), refusing a prepare from another machine."""
+  from bertjax import gcs_lease  # pylint: disable=g-import-not-at-top
+  remote = paths.absolute(data_dir)
+  return gcs_lease.GcsLease(
+      remote + "/" + workdir_lock.DATA_LOCK_FILE,
+      lambda holder: (f"Another bertjax prepare ({holder}) is writing the "
+                      f"data_dir {remote}; wait for it to end and run this "
+                      "command again (it then reuses what that one prepared), "
+                      "or point --config.data_dir at another directory."))
 
 
 class _MirrorLock(workdir_lock.DataDirLock):
