@@ -23,6 +23,9 @@ CORE = [
     "numpy>=1.26",
     # epath-gcs: gcsfs (and google-cloud-storage) for gs:// workdirs and data_dirs.
     "etils[epath,epath-gcs]>=1.7.0",
+    # The lease that locks a gs:// workdir (bertjax/gcs_lease.py): generation
+    # preconditions, which gcsfs does not expose (it requires this already).
+    "google-cloud-storage>=2.10",
     "tensorboardX>=2.6",
 ]
 
