@@ -102,6 +102,7 @@ class GcsLease:
     self.lease = lease_seconds()
     self._blob = _client().bucket(bucket).blob(self.key)
     self._generation = None
+    self._lost = None  # the sentence ``check`` raises once another run took it
     self._stop = threading.Event()
     self._thread = None
     self._started = time.strftime("%Y-%m-%d %H:%M:%S")
@@ -191,12 +192,26 @@ class GcsLease:
       try:
         self._write(self._generation)
       except (precondition, not_found):
-        logging.error("Lost the lock %s: another run took it over (this one "
-                      "had not renewed it for %.0f s). Two runs now write this "
-                      "directory; stop one of them.", self.url, self.lease)
+        found = self._holder()
+        taker = found[0].get("holder", "unknown process") if found else "none now"
+        self._lost = (
+            f"The lock {self.url} was taken over by another run ({taker}) after "
+            f"this one had not renewed it for {self.lease:.0f} s, so two runs "
+            f"were writing {self.url.rpartition('/')[0]}: this one stops here "
+            "without writing more; check the other run, then run again the one "
+            "you want.")
+        logging.error("%s", self._lost)
         return
       except Exception as e:  # noqa: BLE001 — a network error: try again later
         logging.warning("Could not renew the lock %s (%s); trying again.", self.url, e)
+
+  def check(self) -> None:
+    """Raises ``workdir_lock.WorkdirLost`` once another run has taken the lease
+    over (this one's renewals failed for a whole lease: a VM suspended, a
+    network cut); the run calls it before each thing it writes."""
+    if self._lost is not None:
+      from bertjax import workdir_lock
+      raise workdir_lock.WorkdirLost(self._lost)
 
   def release(self) -> None:
     """Stops renewing and deletes the lock if it is still this process's."""
@@ -204,7 +219,7 @@ class GcsLease:
     if self._thread is not None:
       self._thread.join()
       self._thread = None
-    if self._generation is not None:
+    if self._generation is not None and self._lost is None:
       try:
         self._blob.delete(if_generation_match=self._generation)
       except Exception as e:  # noqa: BLE001 — taken over, or gone: not ours to delete

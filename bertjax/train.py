@@ -286,7 +286,8 @@ def train_and_evaluate(config, workdir: str, *,
     prepare.check_inputs(config, prepare.resolve_data_dir(config, workdir), workdir)
     lock = workdir_lock.hold(workdir, jax.process_index())
     try:
-      return _train_and_evaluate(config, workdir, stop_at_step, preemption)
+      return _train_and_evaluate(config, workdir, stop_at_step, preemption,
+                                 lock.check if lock is not None else lambda: None)
     finally:
       if lock is not None:
         lock.release()
@@ -294,8 +295,9 @@ def train_and_evaluate(config, workdir: str, *,
     preemption.close()
 
 
-def _train_and_evaluate(config, workdir, stop_at_step, preemption):
-  """``train_and_evaluate`` once the workdir is held."""
+def _train_and_evaluate(config, workdir, stop_at_step, preemption, still_held):
+  """``train_and_evaluate`` once the workdir is held; ``still_held()`` raises
+  once another run has taken the workdir's lock over (a gs:// lease)."""
   restart = bool(config.get("restart_from_scratch", False))
   checkpointer = checkpointing.Checkpointer(workdir, keep=config.keep_checkpoints)
   logged = set()
@@ -402,6 +404,7 @@ def _train_and_evaluate(config, workdir, stop_at_step, preemption):
 
   def save(step, state):
     nonlocal previous, saved_step, pending
+    still_held()  # never write over the checkpoints of a run that took over
     if previous is not None:
       nonfinite.check(*previous)  # never checkpoint a step that went bad
       previous = None
@@ -438,6 +441,7 @@ def _train_and_evaluate(config, workdir, stop_at_step, preemption):
         if not periodic_evaluation(step, state):
           raise guards.Preempted(step)
       while step < last:
+        still_held()
         host_batch = next(train_iter)
         state, step_metrics = step_fn(state, to_global(host_batch, mesh), rng)
         step += 1
@@ -475,6 +479,7 @@ def _train_and_evaluate(config, workdir, stop_at_step, preemption):
   # The final evaluation logs through the run's writer, closed only after it,
   # so that each start of a run writes one TensorBoard event file.
   try:
+    still_held()
     if step < config.num_train_steps:
       logging.info("Stopped at step %d with a checkpoint; run again to resume.", step)
       return None
@@ -492,6 +497,7 @@ def _train_and_evaluate(config, workdir, stop_at_step, preemption):
                      prefix="eval_")
   finally:
     writer.close()
+  still_held()
   evaluation.write_record(workdir, record)
   print(json.dumps(record), flush=True)
   return record

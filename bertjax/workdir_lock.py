@@ -37,6 +37,10 @@ class WorkdirBusy(ValueError):
   """Another live run holds the workdir."""
 
 
+class WorkdirLost(ValueError):
+  """Another run took over this run's lease on a gs:// workdir."""
+
+
 def _unwritable(workdir: str, error: OSError, flag: str = "--workdir",
                 what: str = "the workdir") -> ValueError:
   if isinstance(error, (NotADirectoryError, FileExistsError)) or (
@@ -145,6 +149,9 @@ class WorkdirLock:
       raise _unwritable(self.workdir, e, self.flag, self.what) from None
     self._fd = fd
     return self
+
+  def check(self) -> None:
+    """Nothing to check: the operating system never takes a flock away."""
 
   def release(self) -> None:
     if self._fd is not None:

@@ -187,3 +187,29 @@ def test_a_lock_left_in_the_bucket_by_an_older_bertjax_is_taken(gcs, workdir):
   blob, _ = _lock_text(gcs, workdir)
   blob.upload_from_string(b"pid 12 on host old-vm, started 2026-11-30 08:00:00\n")
   workdir_lock.hold(workdir).release()
+
+
+def test_a_holder_whose_lease_was_taken_over_learns_it_and_keeps_off(
+    gcs, workdir, monkeypatch):
+  monkeypatch.setenv("BERTJAX_GCS_LEASE_SECONDS", "0.4")
+  lock = workdir_lock.hold(workdir)
+  lock.check()  # held
+  blob, key = _lock_text(gcs, workdir)
+  # Another run took it over (as after this one's renewals failed a lease long).
+  blob.reload()
+  taker = {"holder": "pid 99 on host new-vm, started now", "pid": 99,
+           "machine": "new-vm||", "renewed": time.time(), "lease_seconds": 120.0}
+  blob.upload_from_string(json.dumps(taker).encode(), if_generation_match=blob.generation)
+  deadline = time.time() + 10
+  while True:
+    try:
+      lock.check()
+    except workdir_lock.WorkdirLost as e:
+      assert str(e).startswith(f"The lock gs://{gcs.bucket}/{key} was taken over "
+                               "by another run (pid 99 on host new-vm")
+      break
+    assert time.time() < deadline, "the holder never noticed"
+    time.sleep(0.1)
+  lock.release()  # leaves the taker's lock alone
+  blob.reload()
+  assert json.loads(blob.download_as_bytes())["pid"] == 99

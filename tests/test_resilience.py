@@ -508,3 +508,28 @@ def test_a_checkpoint_removed_while_it_is_read_is_read_again_or_named(tmp_path):
   calls.clear()
   with pytest.raises(FileNotFoundError):
     checkpointing.read_while_training(str(tmp_path), 12, read)
+
+
+def test_a_run_whose_lock_was_taken_over_stops_writing(tmp_path, reference,
+                                                       demo_config, demo_data,
+                                                       monkeypatch):
+  """A gs:// workdir's lease that another run took over (this one could not
+  renew it for a whole lease, bertjax/gcs_lease.py): the run stops before
+  its next step or checkpoint, instead of writing over the other's."""
+  from bertjax import workdir_lock
+  asked, released = [], []
+
+  class TakenOverAfterSixSteps:
+    def check(self):
+      asked.append(1)
+      if len(asked) > 7:  # each step asks once, and step 4's checkpoint
+        raise workdir_lock.WorkdirLost("The lock was taken over by another run.")
+
+    def release(self):
+      released.append(1)
+  monkeypatch.setattr(workdir_lock, "hold", lambda *a: TakenOverAfterSixSteps())
+  with pytest.raises(workdir_lock.WorkdirLost, match="taken over"):
+    train.train_and_evaluate(run_config(demo_config, demo_data), str(tmp_path))
+  assert checkpointing.Checkpointer(str(tmp_path)).all_steps() == [4]
+  assert max(last_rows(str(tmp_path))) <= 6
+  assert not glob.glob(str(tmp_path / "eval_*.json")) and released == [1]
