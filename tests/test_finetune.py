@@ -165,6 +165,30 @@ def test_nonfinite_update_is_skipped_counted_or_stops_the_run(pretrained, tmp_pa
                               debug_nan_step=0, **kw), pretrained, str(tmp_path / "give_up"))
 
 
+def test_a_run_whose_lock_was_taken_over_stops_writing(pretrained, tmp_path,
+                                                       monkeypatch):
+  # As in pretraining (tests/test_resilience.py): a gs:// lease another run
+  # took over stops the run before its next step or checkpoint.
+  from bertjax import workdir_lock
+  asked = []
+
+  class TakenOverAfterOneStep:
+    def check(self):
+      asked.append(1)
+      if len(asked) > 2:  # step 1, its checkpoint, then step 2: taken
+        raise workdir_lock.WorkdirLost("The lock was taken over by another run.")
+
+    def release(self):
+      pass
+  monkeypatch.setattr(workdir_lock, "hold", lambda *a: TakenOverAfterOneStep())
+  kw = dict(seq_len=32, batch_size=16, num_epochs=1.0, max_train_examples=48,
+            max_eval_examples=16, learning_rate=1e-3, checkpoint_every_steps=1)
+  with pytest.raises(workdir_lock.WorkdirLost, match="taken over"):
+    loop.run(_finetune_config("coherence", **kw), pretrained, str(tmp_path / "ft"))
+  steps = sorted(int(p.name) for p in (tmp_path / "ft" / "checkpoints").glob("[0-9]*"))
+  assert steps == [1] and len(asked) == 3
+
+
 def test_bad_task_input_is_refused_before_the_init_is_read(tmp_path):
   # The init does not exist: each refusal names the task's problem, so the
   # task was checked first, and no workdir was created.

@@ -251,7 +251,8 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
   lock = workdir_lock.hold(workdir, jax.process_index())
   try:
     return _run_held(cfg, task, fields, loaded, tokenizer, train_feats, eval_feats, to_predict,
-                     init, init_record, workdir, stop_at_step)
+                     init, init_record, workdir, stop_at_step,
+                     lock.check if lock is not None else lambda: None)
   finally:
     if lock is not None:
       lock.release()
@@ -259,7 +260,7 @@ def run(config, init: str, workdir: str, *, stop_at_step: int | None = None) -> 
 
 def _run_held(cfg, task, fields, loaded, tokenizer, train_feats, eval_feats, to_predict,
               init: str, init_record: dict[str, Any], workdir: str,
-              stop_at_step: int | None):
+              stop_at_step: int | None, still_held: Callable[[], None]):
   """``run`` once its inputs are read and checked and the workdir is held."""
   workdir_path = epath.Path(workdir)
   from bertjax.convert import core
@@ -356,6 +357,7 @@ def _run_held(cfg, task, fields, loaded, tokenizer, train_feats, eval_feats, to_
                     else epoch_evaluation(writer))
           best.offer(step, _best_loss(cfg, record), state, it.get_state(), cfg, fingerprint)
         while step < last:
+          still_held()  # a gs:// lease another run took over (bertjax/gcs_lease.py)
           batch = _device_batch(train_feats, task.kind, it.next_indices())
           state, m = step_fn(state, train.to_global(batch, mesh), rng)
           step += 1
@@ -381,6 +383,7 @@ def _run_held(cfg, task, fields, loaded, tokenizer, train_feats, eval_feats, to_
           if (step % cfg.checkpoint_every_steps == 0 or epoch_end or step == last
               or stopping):
             check_previous()  # never checkpoint a step that went bad
+            still_held()
             checkpointer.save(step, state, it.get_state(), cfg, fingerprint)
             writer.flush()  # a run resumed from here finds every row up to it
           if stopping:  # the resumed run evaluates an epoch's end it skipped
