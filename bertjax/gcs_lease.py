@@ -10,7 +10,10 @@ wrote. Another run that finds it is refused with one sentence naming the
 holder, unless the lease is stale: not renewed for its whole length (a
 machine that died, a ``kill -9`` on another host), or held by a process of
 this machine that no longer runs (the next run after a ``kill -9`` here need
-not wait). A stale lease is taken over only if nobody else took it first
+not wait). A lease of another machine is watched before the refusal: a live
+holder renews it within a quarter of the lease, and one that does not is
+waited out until it lapses, so a job restarted on a new machine right after
+its predecessor died takes the workdir over instead of failing. A stale lease is taken over only if nobody else took it first
 (``ifGenerationMatch`` = the generation read). ``release`` deletes the
 object, if it is still this process's.
 
@@ -81,6 +84,14 @@ def _started(pid: int) -> str | None:
   return ""  # alive, start unknown (no /proc)
 
 
+def _here(holder: dict) -> bool:
+  """Whether ``holder`` is a process of this machine (its pid means one here)."""
+  return holder.get("machine") == _machine() and isinstance(holder.get("pid"), int)
+
+
+_RELEASED = object()  # ``GcsLease._outwait``: the lock was deleted meanwhile
+
+
 def _client():
   from google.cloud import storage  # pylint: disable=g-import-not-at-top
   return storage.Client()
@@ -138,15 +149,36 @@ class GcsLease:
 
   @staticmethod
   def _gone(holder: dict) -> str | None:
-    """Why ``holder``'s lease no longer holds, or None while it does."""
+    """Why ``holder``'s lease no longer holds, or None while it may."""
     age = time.time() - holder["renewed"]
     lease = float(holder.get("lease_seconds", LEASE_S))
-    if holder.get("machine") == _machine() and isinstance(holder.get("pid"), int):
+    if _here(holder):
       started = _started(holder["pid"])
       if started is None or (started and started != holder.get("process_started")):
         return "its process no longer runs on this machine"
     if age > lease:
       return f"not renewed for {age:.0f} s, past its {lease:.0f} s lease"
+    return None
+
+  def _outwait(self, holder: dict, generation: int):
+    """Watches a lease of another machine until it is renewed (a live run:
+    its new text and generation are returned) or lapses (a run that died
+    there, as a restarted job finds its predecessor's: None), or is deleted
+    (``_RELEASED``). A live holder renews every quarter of its lease, so a
+    live run is told apart within that; a dead one is waited out."""
+    lease = float(holder.get("lease_seconds", LEASE_S))
+    logging.info("The lock %s is held by %s, renewed %.0f s ago: waiting for it "
+                 "to be renewed (a run that is alive) or to lapse %.0f s after "
+                 "its last renewal (one that died).", self.url,
+                 holder.get("holder", "an unknown process"),
+                 time.time() - holder["renewed"], lease)
+    while time.time() - holder["renewed"] <= lease:
+      time.sleep(min(1.0, lease / 8))
+      found = self._holder()
+      if found is None:
+        return _RELEASED
+      if found[1] != generation:
+        return found
     return None
 
   def acquire(self) -> "GcsLease":
@@ -164,6 +196,14 @@ class GcsLease:
         continue  # released meanwhile: create it again
       holder, generation = found
       why = self._gone(holder)
+      if why is None and not _here(holder):
+        seen = self._outwait(holder, generation)
+        if seen is _RELEASED:
+          continue
+        if seen is None:
+          why = self._gone(holder)
+        else:
+          holder, generation = seen
       if why is None:
         age = max(0.0, time.time() - holder["renewed"])
         lease = float(holder.get("lease_seconds", LEASE_S))

@@ -2,6 +2,7 @@
 local GCS endpoint that keeps GCS's generation preconditions
 (tests/gcs_emulator.py)."""
 
+import contextlib
 import json
 import os
 import socket
@@ -48,6 +49,31 @@ def _plant(gcs, workdir, **fields):
   blob.upload_from_string(json.dumps(holder).encode(), if_generation_match=0)
 
 
+@contextlib.contextmanager
+def _live_elsewhere(gcs, key, lease=1.2, **fields):
+  """A run of another machine holding ``key``, renewing every quarter lease."""
+  from google.cloud import storage
+  blob = storage.Client().bucket(gcs.bucket).blob(key)
+  holder = {"holder": "pid 7 on host other-vm, started 2026-12-07 01:00:00",
+            "pid": 7, "machine": "other-vm||", "lease_seconds": lease, **fields}
+  blob.upload_from_string(json.dumps({**holder, "renewed": time.time()}).encode(),
+                          if_generation_match=0)
+  stop = threading.Event()
+
+  def renew():
+    while not stop.wait(lease / 4):
+      blob.upload_from_string(json.dumps({**holder, "renewed": time.time()}).encode(),
+                              if_generation_match=blob.generation)
+  thread = threading.Thread(target=renew)
+  thread.start()
+  try:
+    yield
+  finally:
+    stop.set()
+    thread.join()
+    blob.delete()
+
+
 def test_a_second_run_on_a_gs_workdir_is_refused_naming_the_first(gcs, workdir):
   first = workdir_lock.hold(workdir)
   _, key = _lock_text(gcs, workdir)
@@ -63,18 +89,29 @@ def test_a_second_run_on_a_gs_workdir_is_refused_naming_the_first(gcs, workdir):
   assert workdir_lock.hold(workdir, process_index=1) is None  # process 0's alone
 
 
-def test_a_live_lease_of_another_machine_is_kept_and_a_lapsed_one_taken(gcs, workdir):
-  _plant(gcs, workdir, renewed=time.time() - 30)
-  with pytest.raises(workdir_lock.WorkdirBusy, match="pid 4242 on host elsewhere.*"
-                     r"renewed 3\d s ago and lapses 120 s after"):
-    workdir_lock.hold(workdir)
-  blob, _ = _lock_text(gcs, workdir)
-  blob.delete()
-  _plant(gcs, workdir, renewed=time.time() - 121)  # its machine died
+def test_a_live_lease_of_another_machine_is_kept_and_a_dead_one_waited_out(
+    gcs, workdir):
+  _, key = _lock_text(gcs, workdir)
+  with _live_elsewhere(gcs, key, lease=1.2):
+    start = time.time()
+    with pytest.raises(workdir_lock.WorkdirBusy, match="pid 7 on host other-vm.*"
+                       r"renewed \d+ s ago and lapses 1 s after"):
+      workdir_lock.hold(workdir)
+    assert time.time() - start < 1.2  # told apart by its renewal, not its lapse
+  # A run whose machine died just now (as a restarted job finds it): its
+  # lease is waited out, then taken.
+  _plant(gcs, workdir, lease_seconds=1.2)
+  start = time.time()
   lock = workdir_lock.hold(workdir)
+  assert 1.0 < time.time() - start < 6
+  blob, _ = _lock_text(gcs, workdir)
   blob.reload()
   assert json.loads(blob.download_as_bytes())["pid"] == os.getpid()
   lock.release()
+  _plant(gcs, workdir, renewed=time.time() - 121)  # lapsed long ago: at once
+  start = time.time()
+  workdir_lock.hold(workdir).release()
+  assert time.time() - start < 1
 
 
 def test_a_lease_of_a_process_of_this_machine_that_ended_is_taken_at_once(
@@ -138,20 +175,15 @@ def test_of_two_runs_taking_a_lapsed_lease_at_once_one_gets_it(gcs, workdir):
 
 def test_a_prepare_into_a_bucket_another_machine_prepares_into_is_refused(
     gcs, demo_config):
-  from google.cloud import storage
   from bertjax.data import prepare
   data_dir = f"gs://{gcs.bucket}/shared-data"
-  blob = storage.Client().bucket(gcs.bucket).blob("shared-data/.bertjax-prepare.lock")
-  holder = {"holder": "pid 7 on host other-vm, started 2026-12-07 01:00:00",
-            "pid": 7, "machine": "other-vm||", "renewed": time.time(),
-            "lease_seconds": 120.0}
-  blob.upload_from_string(json.dumps(holder).encode(), if_generation_match=0)
-  with pytest.raises(workdir_lock.WorkdirBusy,
-                     match=r"^Another bertjax prepare \(pid 7 on host other-vm.*\) "
-                           rf"is writing the data_dir {data_dir}; wait for it"):
-    prepare.prepare(demo_config, data_dir)
-  assert [n for n in gcs.object_names() if n.startswith("shared-data/")] == [
-      "shared-data/.bertjax-prepare.lock"]  # nothing written
+  with _live_elsewhere(gcs, "shared-data/.bertjax-prepare.lock"):
+    with pytest.raises(workdir_lock.WorkdirBusy,
+                       match=r"^Another bertjax prepare \(pid 7 on host other-vm.*\) "
+                             rf"is writing the data_dir {data_dir}; wait for it"):
+      prepare.prepare(demo_config, data_dir)
+    assert [n for n in gcs.object_names() if n.startswith("shared-data/")] == [
+        "shared-data/.bertjax-prepare.lock"]  # nothing written
 
 
 def test_a_bad_lease_setting_is_one_sentence(monkeypatch):
