@@ -174,6 +174,18 @@ def test_a_local_unit_leaves_nothing_in_the_temp_directory_while_written(
   assert seen == [[], [], []] and os.listdir(temp) == []
 
 
+def test_a_builder_of_an_unprepared_corpus_leaves_no_temporary_directory(
+    tmp_path, monkeypatch):
+  # TFDS looked in its bucket for the dataset's metadata (its GCS access off)
+  # and left an empty /tmp/tmp*tfds directory each time: two a prepare.
+  temp = tmp_path / "temp"
+  temp.mkdir()
+  monkeypatch.setattr(tempfile, "tempdir", str(temp))
+  builder = builders.BertjaxPythonDocs(data_dir=str(tmp_path / "data"))
+  assert builder.info.splits.total_num_examples == 0  # not prepared
+  assert os.listdir(temp) == []
+
+
 def test_tokenizer_sample_is_uniform_over_a_sorted_corpus(demo_config, tmp_path):
   """Sources sorted by name: the last one's words still get pieces.
 

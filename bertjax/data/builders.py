@@ -99,13 +99,24 @@ class OfflineBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     logging.info("Prepared %s in %s.", self.name, self.data_dir)
 
 
+class _OfflineInfo(tfds.core.DatasetInfo):
+  """DatasetInfo that never looks in TFDS's bucket for pre-computed metadata.
+
+  TFDS does that for every builder whose dataset is not prepared yet, and
+  leaves an empty ``/tmp/tmp*tfds`` directory each time, even with its GCS
+  access off (as it is): one per prepare, per test, per notebook run."""
+
+  def initialize_from_bucket(self) -> None:
+    pass
+
+
 class BertjaxPythonDocs(OfflineBuilder):
   """Prose from the Python docs: pydoc topics and stdlib docstrings (~1.4 MB)."""
 
   VERSION = tfds.core.Version("1.0.0")
 
   def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
+    return _OfflineInfo(
         builder=self,
         description=python_docs.__doc__,
         features=text_features(),
