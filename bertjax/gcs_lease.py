@@ -143,7 +143,8 @@ class GcsLease:
     try:
       holder = json.loads(data)
       holder["renewed"] = float(holder["renewed"])
-    except (ValueError, KeyError, TypeError):
+      holder["lease_seconds"] = float(holder.get("lease_seconds", LEASE_S))
+    except (ValueError, KeyError, TypeError, AttributeError):
       holder = {"holder": "unreadable lock", "renewed": 0.0}
     return holder, self._blob.generation
 
@@ -232,8 +233,11 @@ class GcsLease:
       try:
         self._write(self._generation)
       except (precondition, not_found):
-        found = self._holder()
-        taker = found[0].get("holder", "unknown process") if found else "none now"
+        try:
+          found = self._holder()
+        except Exception:  # noqa: BLE001 — who took it is only for the message
+          found = None
+        taker = found[0].get("holder", "unknown process") if found else "unknown now"
         self._lost = (
             f"The lock {self.url} was taken over by another run ({taker}) after "
             f"this one had not renewed it for {self.lease:.0f} s, so two runs "
