@@ -236,8 +236,8 @@ def finish_on_sigterm() -> None:
     return
   if signal.getsignal(signal.SIGTERM) is _raise_terminated:
     signal.signal(signal.SIGTERM, _on_sigterm)
-  if "bertjax.preempt_notice" in sys.modules:
-    sys.modules["bertjax.preempt_notice"].hold()
+  from bertjax import preempt_notice  # pylint: disable=g-import-not-at-top
+  preempt_notice.hold()
 
 
 def _several_processes() -> bool:

@@ -31,7 +31,6 @@ import time
 from typing import Any, Callable
 
 from bertjax import paths
-from bertjax import preempt_notice
 
 COORDINATOR = "JAX_COORDINATOR_ADDRESS"
 NUM_PROCESSES = "JAX_NUM_PROCESSES"
@@ -242,12 +241,23 @@ def gather_json(value: Any) -> list[Any]:
   return [json.loads(row[:int(n)].tobytes().decode()) for row, n in zip(rows, sizes)]
 
 
-def _client():
+def coordination_client():
   """JAX's coordination-service client (key-value store, barriers). JAX has
   no public accessor for it; orbax's own multi-host barriers and
   ``multihost_utils`` read the same private state."""
   from jax._src import distributed  # pylint: disable=g-import-not-at-top
   return distributed.global_state.client
+
+
+def try_get(client, key: str) -> str | None:
+  """The value of ``key`` on the coordination service, or None if unset."""
+  try:
+    return client.key_value_try_get(key)
+  except Exception as e:  # noqa: BLE001 — jax's runtime error, its kind in the text
+    if "NOT_FOUND" in str(e):
+      return None
+    raise
+
 
 _calls = itertools.count()
 # A process's outcome in ``process_0_first`` when a preemption notice stopped it.
@@ -287,14 +297,14 @@ def process_0_first(fn: Callable[[], Any], what: str) -> Any:
   from bertjax import guards
   if jax.process_count() == 1:
     return fn()
-  client = _client()
+  client = coordination_client()
   prefix = f"bertjax/process_0_first/{next(_calls)}"
   index = jax.process_index()
 
   def outcome_of(other: int) -> None:
     """Waits for process ``other``'s part; raises as it ended, if not well."""
     key = f"{prefix}/{other}"
-    while (outcome := preempt_notice.try_get(client, key)) is None:
+    while (outcome := try_get(client, key)) is None:
       time.sleep(_POLL_S)
     if outcome == _STOPPED:
       raise guards.Terminated
@@ -356,7 +366,7 @@ def barrier(name: str) -> None:
   import jax
   if jax.process_count() == 1:
     return
-  client = _client()
+  client = coordination_client()
   key = f"bertjax/{name}/{next(_calls)}"
   _meet(lambda ms: client.wait_at_barrier(key, ms), f"the {name}")
 
@@ -466,7 +476,7 @@ def check_same_run(config: dict[str, Any], args: dict[str, Any],
   import jax
   if jax.process_count() == 1:
     return []
-  client = _client()
+  client = coordination_client()
   call = next(_calls)
   index = jax.process_index()
   # The config's data_dir is compared as the caller resolved it, in ``args``.

@@ -55,25 +55,11 @@ def _handling_terminated() -> bool:
   return False
 
 
-def _client():
-  from jax._src import distributed  # pylint: disable=g-import-not-at-top
-  return distributed.global_state.client
-
-
-def try_get(client, key: str) -> str | None:
-  """The value of ``key`` on the coordination service, or None if unset."""
-  try:
-    return client.key_value_try_get(key)
-  except Exception as e:  # noqa: BLE001 — jax's runtime error, its kind in the text
-    if "NOT_FOUND" in str(e):
-      return None
-    raise
-
-
 def noticed() -> bool:
   """Whether any process of the run has got a preemption notice (SIGTERM)."""
-  client = _client()
-  return client is not None and try_get(client, _NOTICE_KEY) is not None
+  from bertjax import multihost  # pylint: disable=g-import-not-at-top
+  client = multihost.coordination_client()
+  return client is not None and multihost.try_get(client, _NOTICE_KEY) is not None
 
 
 class _Arm:
