@@ -29,6 +29,7 @@ from test_train import read_metrics, small_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 16
+NAN_STEP = 5  # the step whose loss the NaN tests make NaN
 
 
 def run_config(demo_config, demo_data, **overrides):
@@ -186,8 +187,8 @@ def test_corrupted_newest_checkpoint_falls_back(tmp_path, reference, demo_config
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, demo_config,
                                                        demo_data):
-  config = run_config(demo_config, demo_data, debug_nan_step=5)
-  with pytest.raises(guards.NonFiniteLoss, match="at step 6"):
+  config = run_config(demo_config, demo_data, debug_nan_step=NAN_STEP)
+  with pytest.raises(guards.NonFiniteLoss, match=f"at step {NAN_STEP + 1}"):
     train.train_and_evaluate(config, str(tmp_path))
   assert checkpointing.Checkpointer(str(tmp_path)).all_steps() == [4]
 
@@ -198,15 +199,20 @@ def test_nan_loss_skip_mode_leaves_state_unchanged(demo_config, demo_data):
   model = models.get_model(config)
   tx = optim.make_optimizer(config)
   state, shardings = state_lib.create_train_state(model, tx, config, mesh)
+  # The step the test above poisons (5), so that the two tests compile one
+  # program between them (the session's compilation cache); the state is put
+  # at that step.
   poisoned = train.make_train_step(model, objectives.get_objective(config), tx,
-                                   shardings, mesh, debug_nan_step=0)
+                                   shardings, mesh, debug_nan_step=NAN_STEP)
+  state = state.replace(step=jax.device_put(
+      np.array(NAN_STEP, state.step.dtype), state.step.sharding))
   batch = next(pipeline.make_train_iterator(config, demo_data.source("train"),
                                             local_batch_size=config.batch_size))
   before = jax.device_get(state)
   with sharding.use_mesh(mesh):
     after, m = poisoned(state, train.to_global(batch, mesh), jax.random.key(0))
   assert float(m["skipped"][0]) == 1.0
-  assert int(after.step) == 1
+  assert int(after.step) == NAN_STEP + 1
   assert_states_equal(after.params, before.params)
   assert_states_equal(after.opt_state, before.opt_state)
   guard = guards.NonFiniteGuard("skip", max_consecutive=3)
@@ -253,7 +259,9 @@ def test_held_out_loss_is_the_objectives_terms_over_the_split(demo_config, demo_
   assert two["loss"] == pytest.approx(float(mlm + nsp), rel=1e-6)
   # Always answering the majority NSP label: the floor for nsp_accuracy.
   with sharding.use_mesh(mesh):
-    _, targets = objective.corrupt(rng, train.to_global(batch, mesh), jax.numpy.zeros((), "int32"))
+    # Jitted: eagerly, each random op of the masking compiles on its own.
+    _, targets = jax.jit(objective.corrupt)(rng, train.to_global(batch, mesh),
+                                            jax.numpy.zeros((), "int32"))
   random = np.asarray(targets["nsp_labels"])[np.asarray(batch["example_mask"])].mean()
   assert 0.0 < random < 1.0
   assert alone["baseline_nsp_accuracy"] == pytest.approx(max(random, 1.0 - random), rel=1e-6)

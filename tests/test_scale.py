@@ -114,19 +114,22 @@ def encoder_setup():
   x = jax.random.normal(jax.random.key(1), (2, 8, 32))
   doc_ids = jnp.array([[1] * 6 + [0] * 2, [1] * 4 + [2] * 4], jnp.int32)
   mask = layers.doc_attention_mask(doc_ids)
-  params = encoder_lib.Encoder(**kw).init(jax.random.key(0), x, mask, True)["params"]
+  params = jax.jit(lambda k: encoder_lib.Encoder(**kw).init(k, x, mask, True))(
+      jax.random.key(0))["params"]
   return kw, x, mask, params
 
 
 def _loss_and_grads(module, params, x, mask):
   f = lambda p: jnp.sum(jnp.sin(module.apply({"params": p}, x, mask, True)))
-  return jax.value_and_grad(f)(params)
+  # Jitted: eagerly, every op of the forward and backward compiles on its own.
+  return jax.jit(jax.value_and_grad(f))(params)
 
 
 def test_scanned_encoder_matches_unscanned_with_stacked_params(encoder_setup):
   kw, x, mask, boxed = encoder_setup
   scanned = encoder_lib.Encoder(**kw, scan_layers=True)
-  scanned_boxed = scanned.init(jax.random.key(0), x, mask, True)["params"]
+  scanned_boxed = jax.jit(lambda k: scanned.init(k, x, mask, True))(
+      jax.random.key(0))["params"]
   # The stacked axis is logical 'layers', in front of the block's own names.
   specs = nn.get_partition_spec(scanned_boxed)
   assert specs["layers"]["block"]["mlp"]["wi"]["kernel"] == jax.sharding.PartitionSpec(
