@@ -382,7 +382,7 @@ def test_imported_roberta_trains_pairs_with_one_segment_id(hf_model, imported):
   segments = {}
   for type_vocab_size, single in ((1, True), (2, True), (2, False)):
     config.type_vocab_size, config.single_segment = type_vocab_size, single
-    inputs, _ = objectives.get_objective(config).corrupt(
+    inputs, _ = jax.jit(objectives.get_objective(config).corrupt)(
         jax.random.key(0), batch, np.int32(0))
     segments[type_vocab_size, single] = np.asarray(inputs["segment_ids"])
   assert not segments[1, True].any() and not segments[2, True].any()

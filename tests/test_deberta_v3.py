@@ -142,7 +142,7 @@ def test_gdes_splits_the_gradients(trained, demo_data):
   it = pipeline.make_train_iterator(config, demo_data.source("train"),
                                     local_batch_size=config.batch_size)
   batch = {k: jnp.asarray(v) for k, v in next(it).items()}
-  inputs, targets = objective.corrupt(jax.random.key(0), batch, jnp.int32(0))
+  inputs, targets = jax.jit(objective.corrupt)(jax.random.key(0), batch, jnp.int32(0))
 
   disc, gen = variant_steps.loss_term_gradients(model, objective, params,
                                                   inputs, targets)

@@ -101,7 +101,7 @@ def _objective(seq_len, k=6, slots=None, max_span=0):
 def test_the_last_one_kth_of_the_order_is_predicted(max_span):
   batch = _synthetic_batch(512, 40)
   objective = _objective(40, max_span=max_span)
-  inputs, targets = objective.corrupt(jax.random.key(3), batch, jnp.int32(0))
+  inputs, targets = jax.jit(objective.corrupt)(jax.random.key(3), batch, jnp.int32(0))
   visible = np.asarray(inputs["perm_visible"])
   rank = visible.sum(-1)  # how many tokens precede each token
   candidates = np.asarray(~batch["special"])
@@ -147,7 +147,8 @@ def _tiny_model():
 
 def test_a_prediction_never_sees_its_own_token():
   batch = _synthetic_batch(4, 16, seed=1)
-  inputs, targets = _objective(16).corrupt(jax.random.key(0), batch, jnp.int32(0))
+  inputs, targets = jax.jit(_objective(16).corrupt)(jax.random.key(0), batch,
+                                                    jnp.int32(0))
   model = _tiny_model()
   params = jax.jit(model.init)(jax.random.key(1), inputs)["params"]
   run = jax.jit(lambda x: model.apply({"params": params}, x))
