@@ -342,7 +342,10 @@ def test_sigterm_before_the_first_step_exits_75_and_changes_nothing(
   shutil.copytree(ref_dir, workdir)
   before = sorted(os.listdir(os.path.join(workdir, "checkpoints")))
   rows_before = len(read_metrics(workdir))
-  config = run_config(demo_config, demo_data, num_train_steps=40)
+  # 400 steps, as the SIGTERM and Ctrl-C tests run: the rerun's step is theirs
+  # (the schedule's length is in the compiled program), loaded, not compiled.
+  config = run_config(demo_config, demo_data, num_train_steps=400,
+                      checkpoint_every_steps=1000)
   proc, out, err = _start(cli_args(config, workdir), tmp_path)
   wait_for(_shows(err, f"Resuming from the checkpoint at step {STEPS}"), proc)
   proc.send_signal(signal.SIGTERM)
