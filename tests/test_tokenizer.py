@@ -32,8 +32,9 @@ def validation_sentences(demo_data):
 @pytest.fixture(scope="module")
 def small_corpus():
   """~150 KB of sentences (the first 700 paragraphs of the pydoc topics):
-  about a second to train a small vocabulary on (all 1386, 300 KB, took
-  12 s on a Zen 1 CPU, most of it over the paragraphs from the 700th on)."""
+  about a second to train a small vocabulary on. All 1386 (300 KB) took
+  12 s on a Zen 1 CPU: sentencepiece slows down on their 244 repeated
+  paragraphs (docs/performance.md, "How long the test suite takes")."""
   return [p for _, paras in python_docs.topic_documents() for p in paras][:700]
 
 
