@@ -19,6 +19,8 @@ from bertjax import train
 from bertjax.models import encoder as encoder_lib
 from bertjax.models import layers
 
+from test_optim import _norm
+
 
 def _config(demo_config, **overrides):
   c = demo_config.copy_and_resolve_references()
@@ -85,11 +87,9 @@ def test_four_microbatches_of_eight_equal_one_batch_of_32(demo_config):
   assert m4["mlm_loss"][1] == m1["mlm_loss"][1]
   assert m4["nsp_loss"][1] == m1["nsp_loss"][1] == config.batch_size
   # In numpy, as the gradients are (jnp here compiled a program per leaf shape).
-  leaves1, leaves4 = jax.tree.leaves(g1), jax.tree.leaves(g4)
-  norm1 = np.sqrt(sum(np.sum(np.square(a, dtype=np.float64)) for a in leaves1))
+  norm1 = _norm(g1)
   assert norm1 > 0
-  diff = np.sqrt(sum(np.sum(np.square(np.subtract(b, a, dtype=np.float64)))
-                     for a, b in zip(leaves1, leaves4)))
+  diff = _norm(jax.tree.map(lambda a, b: np.subtract(b, a, dtype=np.float64), g1, g4))
   assert diff <= 1e-5 * norm1
 
   # The useful-FLOP formula against XLA's own count of the compiled step: XLA
