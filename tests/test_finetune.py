@@ -258,15 +258,17 @@ def test_local_csv_and_conll_files_learn_a_visible_rule(pretrained, tmp_path):
           f.write(f"{rng.randrange(100)} B-NUM\n" if rng.random() < 0.2
                   else f"{rng.choice(words)} O\n")
         f.write("\n")
-  kw = dict(seq_len=32, learning_rate=1e-3, num_epochs=3.0)
+  # 8 epochs, 64 steps: 24 steps (3 epochs) left the classifier at chance
+  # from two of three inits (the fixture's pretraining with seeds 0, 1, 2 on
+  # the demo's tokenizer of 2026-12-07; 6 epochs learned the rule from all
+  # three) and tagging's recall at 0.25 from an init pretrained with other
+  # NSP negatives: a brittle budget.
+  kw = dict(seq_len=32, learning_rate=1e-3, num_epochs=8.0)
   table = loop.run(_finetune_config("local", train_files=str(tmp_path / "train.csv"),
                                     eval_files=str(tmp_path / "dev.csv"), **kw),
                    pretrained, str(tmp_path / "csv"))
-  # Tagging gets more epochs: its 24 steps at 3 epochs left recall at 0.25
-  # from an init pretrained with other NSP negatives (a brittle budget).
   tags = loop.run(_finetune_config("local", train_files=str(tmp_path / "train.conll"),
-                                   eval_files=str(tmp_path / "dev.conll"),
-                                   **{**kw, "num_epochs": 8.0}),
+                                   eval_files=str(tmp_path / "dev.conll"), **kw),
                   pretrained, str(tmp_path / "conll"))
   # 128 balanced rows: chance is 0.5, 0.9 is 9 standard errors above it.
   assert table["accuracy"] > 0.9, table
@@ -289,8 +291,7 @@ def test_local_csv_and_conll_files_learn_a_visible_rule(pretrained, tmp_path):
     logged = (tmp_path / name / "metrics.jsonl").read_text()
     again = loop.run(_finetune_config("local", train_files=str(tmp_path / f"train.{kind}"),
                                       eval_files=str(tmp_path / f"dev.{kind}"),
-                                      predict_files=str(tmp_path / source),
-                                      **{**kw, "num_epochs": 8.0 if kind == "conll" else 3.0}),
+                                      predict_files=str(tmp_path / source), **kw),
                      # No --init: the workdir remembers its own.
                      pretrained if kind == "conll" else None, str(tmp_path / name))
     assert again["predicted"] == {"new": len(rows)}
