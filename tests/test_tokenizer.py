@@ -129,7 +129,7 @@ def test_a_sentence_longer_than_sentencepiece_takes_still_trains_the_vocabulary(
   # to leave its words out of the vocabulary.
   # 18 KB, one "sentence": the word among random ones, so that the text's
   # pieces are not one string repeated (on which sentencepiece 0.2.2's seed
-  # search takes 16 s instead of 1).
+  # search takes 16 s instead of 2).
   rng = np.random.default_rng(0)
   letters = np.array(list("abcdefghiklmnoprstuw"))
   long = " ".join(f"zqxjv {''.join(rng.choice(letters, 6))}" for _ in range(1500))
