@@ -380,7 +380,9 @@ def _start(workdir, data_dir, tmp_path, name, *, port=None, indices=(0, 1)):
   procs = []
   for index in indices:
     env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS="--xla_force_host_platform_device_count=4",
+               XLA_FLAGS=" ".join(  # conftest's flags, 4 devices instead of 8
+                   [f for f in os.environ["XLA_FLAGS"].split() if "device_count" not in f]
+                   + ["--xla_force_host_platform_device_count=4"]),
                JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2",
                JAX_PROCESS_ID=str(index))
     out = open(tmp_path / f"{name}.{index}.log", "w")
