@@ -5,6 +5,7 @@ model of its size is in test_finetune_minilm.py.)"""
 
 import json
 import os
+import tempfile
 
 import numpy as np
 import pytest
@@ -189,9 +190,13 @@ def test_a_run_whose_lock_was_taken_over_stops_writing(pretrained, tmp_path,
   assert steps == [1] and len(asked) == 3
 
 
-def test_bad_task_input_is_refused_before_the_init_is_read(tmp_path):
+def test_bad_task_input_is_refused_before_the_init_is_read(tmp_path, monkeypatch):
   # The init does not exist: each refusal names the task's problem, so the
-  # task was checked first, and no workdir was created.
+  # task was checked first, and no workdir was created -- nor any of the
+  # empty tmp*tfds directories TFDS leaves for a dataset not prepared.
+  system_tmp = tmp_path / "system-tmp"
+  system_tmp.mkdir()
+  monkeypatch.setattr(tempfile, "tempdir", str(system_tmp))
   init = str(tmp_path / "no-such-init")
   with pytest.raises(ValueError, match="train_files"):
     loop.run(_finetune_config("local"), init, str(tmp_path / "a"))
@@ -207,7 +212,8 @@ def test_bad_task_input_is_refused_before_the_init_is_read(tmp_path):
     loop.run(_finetune_config("coherence", pooling="max"), init, str(tmp_path / "d"))
   with pytest.raises(ValueError, match="neither a bertjax workdir"):
     loop.run(_finetune_config("coherence"), init, str(tmp_path / "e"))
-  assert sorted(p.name for p in tmp_path.iterdir()) == ["train.csv"]
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["system-tmp", "train.csv"]
+  assert list(system_tmp.iterdir()) == []
 
 
 def test_fill_mask_places_masks_and_ranks_fillings(pretrained):

@@ -3,6 +3,7 @@ and a copy that is missing or unreadable named with the tfds build fix."""
 
 import os
 import re
+import tempfile
 import types
 
 import numpy as np
@@ -16,14 +17,21 @@ from bertjax.data import text_sources
 from bertjax.data import units
 
 
-def test_unprepared_public_dataset_is_not_downloaded(demo_config, tmp_path):
-  if tfds.builder("imdb_reviews").is_prepared():
+def test_unprepared_public_dataset_is_not_downloaded(demo_config, tmp_path, monkeypatch):
+  if builders.catalog_builder("imdb_reviews", None).is_prepared():
     pytest.skip("imdb_reviews is prepared on this machine")
+  # TFDS makes an empty tmp*tfds directory for a catalog dataset that is not
+  # prepared and leaves it; bertjax's builders of those remove it.
+  system_tmp = tmp_path / "system-tmp"
+  system_tmp.mkdir()
+  monkeypatch.setattr(tempfile, "tempdir", str(system_tmp))
   config = demo_config.copy_and_resolve_references()
   config.dataset = "imdb_reviews"
   with pytest.raises(ValueError, match="not prepared.*bertjax never downloads"):
-    prepare.prepare(config, str(tmp_path))
-  assert not tfds.builder("imdb_reviews").is_prepared()
+    prepare.prepare(config, str(tmp_path / "data"))
+  assert not builders.catalog_builder("imdb_reviews", None).is_prepared()
+  assert list(system_tmp.iterdir()) == []
+  assert tempfile.gettempdir() == str(system_tmp)
 
 
 class PublicTextStandIn(builders.OfflineBuilder):
@@ -32,7 +40,7 @@ class PublicTextStandIn(builders.OfflineBuilder):
   VERSION = tfds.core.Version("1.0.0")
 
   def _info(self):
-    return tfds.core.DatasetInfo(
+    return builders.OfflineInfo(
         builder=self, features=tfds.features.FeaturesDict({"text": tfds.features.Text()}))
 
   def _split_generators(self, dl_manager):

@@ -27,6 +27,7 @@ import os
 import re
 import stat
 import sys
+import tempfile
 from typing import Iterable, Iterator, Sequence
 
 from absl import logging
@@ -99,7 +100,7 @@ class OfflineBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     logging.info("Prepared %s in %s.", self.name, self.data_dir)
 
 
-class _OfflineInfo(tfds.core.DatasetInfo):
+class OfflineInfo(tfds.core.DatasetInfo):
   """DatasetInfo that never looks in TFDS's bucket for pre-computed metadata.
 
   TFDS does that for every builder whose dataset is not prepared yet, and
@@ -110,13 +111,32 @@ class _OfflineInfo(tfds.core.DatasetInfo):
     pass
 
 
+def catalog_builder(name: str, data_dir: str | None):
+  """``tfds.builder(name, data_dir=data_dir)`` for a dataset of TFDS's
+  catalog, leaving nothing behind in the system's temporary directory.
+
+  A catalog dataset's builder has TFDS's own ``DatasetInfo``, not
+  ``OfflineInfo``: when the dataset is not prepared, its bucket lookup makes
+  an empty ``tmp*tfds`` directory before finding GCS off, and never removes
+  it. The builder is made with Python's temporary directory pointed at one
+  that is removed after (the lookup reads nothing from it). Called at
+  start-up, before any thread that makes temporary files runs."""
+  saved = tempfile.tempdir
+  with tempfile.TemporaryDirectory(prefix="bertjax-tfds-") as scratch:
+    tempfile.tempdir = scratch
+    try:
+      return tfds.builder(name, data_dir=data_dir)
+    finally:
+      tempfile.tempdir = saved
+
+
 class BertjaxPythonDocs(OfflineBuilder):
   """Prose from the Python docs: pydoc topics and stdlib docstrings (~1.4 MB)."""
 
   VERSION = tfds.core.Version("1.0.0")
 
   def _info(self) -> tfds.core.DatasetInfo:
-    return _OfflineInfo(
+    return OfflineInfo(
         builder=self,
         description=python_docs.__doc__,
         features=text_features(),

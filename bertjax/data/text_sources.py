@@ -135,10 +135,10 @@ def _tfds_builder(name: str, tfds_dir: str | None) -> Any:
   tensorflow_datasets`` leaves some of its modules (wikipedia's) unimported,
   and an unregistered dataset that is not prepared reads as unknown."""
   try:
-    return tfds.builder(name, data_dir=tfds_dir)
+    return builders.catalog_builder(name, tfds_dir)
   except tfds.core.registered.DatasetNotFoundError:
     import tensorflow_datasets.text  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
-  return tfds.builder(name, data_dir=tfds_dir)
+  return builders.catalog_builder(name, tfds_dir)
 
 
 def check_dataset(config, data_dir: str, entry: str = "") -> None:

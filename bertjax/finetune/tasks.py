@@ -95,8 +95,9 @@ def _tfds_examples(name: str, split: str, data_dir: str) -> list[dict[str, Any]]
   where = data_dir or tfds.core.constants.DATA_DIR
   how = (f"prepare it once where there is network (`tfds build {name} --data_dir=DIR`) "
          "and pass --config.tfds_data_dir=DIR (bertjax never downloads)")
+  from bertjax.data import builders  # pylint: disable=g-import-not-at-top
   try:
-    builder = tfds.builder(name, data_dir=data_dir or None)
+    builder = builders.catalog_builder(name, data_dir or None)
   except tfds.core.registered.DatasetNotFoundError:
     # TFDS raises this both for unknown names and for known ones whose code
     # it cannot load here; either way the prepared files are not there.
