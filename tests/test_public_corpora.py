@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
+from bertjax.data import builders
 from bertjax.data import prepare
 from bertjax.data import python_docs
 from bertjax.data import staged
@@ -37,7 +38,7 @@ def public_dir(tmp_path_factory):
   _write(data_dir, "wikipedia", "wikipedia/20230601.en/1.0.0", _WIKIPEDIA_FEATURES,
          {"train": articles})
   # pg19 is registered with TFDS: its stand-in has TFDS's own schema.
-  pg19 = tfds.builder("pg19", data_dir=str(tmp_path_factory.mktemp("unused")))
+  pg19 = builders.catalog_builder("pg19", str(tmp_path_factory.mktemp("unused")))
   books = {}
   for split, chunk in (("train", topics[60:70]), ("validation", topics[70:73])):
     books[split] = [{"book_title": f"Book {i}", "book_id": i, "publication_date": "1900",
