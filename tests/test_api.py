@@ -182,7 +182,6 @@ def test_inputs_that_are_not_a_batch_of_texts_are_refused(demo_config, demo_data
 
 
 def test_texts_of_many_lengths_reuse_compiles_and_keep_their_outputs(demo_config, demo_data):
-  import jax
   model = _fresh_tiny(demo_config, demo_data)
   texts = [" ".join(["word"] * n) for n in range(1, 25)]
   outs = [model.encode([t]) for t in texts]

@@ -13,7 +13,6 @@ from flax import linen as nn
 from flax import traverse_util
 from jax.experimental.compilation_cache import compilation_cache as cc
 
-from bertjax import batch as batch_lib
 from bertjax import checkpointing
 from bertjax import config_files
 from bertjax import models
