@@ -75,6 +75,26 @@ def hf_inits(tmp_path_factory):
           "deberta": deberta, "xlnet": xlnet}
 
 
+def test_an_hf_init_gives_its_architecture_without_its_weights(hf_inits, tmp_path):
+  # What a fine-tuned workdir reads of its init (encoder_init.load_architecture):
+  # the fields and tokenizer the full read gives, with the weights unreadable.
+  import shutil
+  from bertjax.finetune import encoder_init
+  from bertjax.convert import hf_files
+  for name, path in hf_inits.items():
+    fields, _, tokenizer = encoder_init.load_init(path)
+    copy = tmp_path / name
+    shutil.copytree(path, copy)
+    (copy / hf_files.SAFETENSORS).write_bytes(b"not safetensors")
+    with pytest.raises(Exception):
+      encoder_init.load_init(str(copy))
+    got_fields, got_tokenizer = encoder_init.load_architecture(str(copy))
+    assert got_fields == fields, name
+    text = " ".join(WORDS + ["cats", "w3"])
+    for a, b in zip(got_tokenizer.encode(text), tokenizer.encode(text)):
+      np.testing.assert_array_equal(a, b)
+
+
 def _finetune(tmp_path, init, train_file, **overrides):
   config = config_files.shipped("finetune").get_config("local")
   for k, v in dict(train_files=str(train_file), eval_files=str(train_file), seq_len=32,

@@ -199,6 +199,14 @@ def build_model(config: Mapping[str, Any], dtype: Any) -> electra_model.ElectraF
       **layers.numerics(config))
 
 
+def read_companion_config(hf_dir: str) -> dict[str, Any] | None:
+  """config.json of the generator in ``<hf_dir>/generator`` (None when there
+  is none), without its tensors."""
+  from bertjax.convert import hf_files
+  gen_dir = paths.join(hf_dir, GENERATOR_DIR)
+  return hf_files.read_config(gen_dir) if paths.isdir(gen_dir) else None
+
+
 def read_companion(hf_dir: str) -> tuple[dict[str, Any] | None, dict[str, Any]]:
   """(config.json, tensors with ``GENERATOR_PREFIX`` names) of the generator
   in ``<hf_dir>/generator``, or (None, {}) when there is none."""

@@ -5,7 +5,8 @@ generator in a subdirectory of its own) and the tokenizer: an import's own
 files, or the sentencepiece model bertjax trained (``spm_export``). The rows
 an import kept aside (bertjax/convert/workdir.py's ``hf_kept_tensors``) are
 written back. ``load_params`` reads a checkpoint's params alone, for the
-export and for the readers of a workdir (``bertjax.load``, fine-tuning's init).
+export and for the readers of a workdir (``bertjax.load``, fine-tuning's init);
+``load_config`` its config alone.
 """
 
 from __future__ import annotations
@@ -44,11 +45,17 @@ def load_params(workdir: str, step: int | None = None) -> tuple[dict[str, Any], 
       workdir, step, lambda s: _load_params(workdir, s))
 
 
-def _load_params(workdir: str, step: int | None) -> tuple[dict[str, Any], Any, int]:
-  import jax
-  import orbax.checkpoint as ocp
+def load_config(workdir: str, step: int | None = None) -> tuple[dict[str, Any], int]:
+  """(saved config dict, step) of the checkpoint ``load_params`` reads,
+  without reading its params: an encoder's architecture and tokenizer."""
   from bertjax import checkpointing
+  return checkpointing.read_while_training(
+      workdir, step, lambda s: _open_config(workdir, s)[:2])
 
+
+def _open_config(workdir: str, step: int | None) -> tuple[dict[str, Any], int, str]:
+  """(saved config, step, checkpoint directory) of ``step`` (None: the latest)."""
+  from bertjax import checkpointing
   checkpointer, step = checkpointing.open_step(workdir, step)
   if step is None:
     raise ValueError(f"No checkpoint in {checkpointer.directory}; train or import first.")
@@ -57,6 +64,14 @@ def _load_params(workdir: str, step: int | None) -> tuple[dict[str, Any], Any, i
   checkpointer.close()
   if "model" not in config:
     raise ValueError(_not_an_encoder(workdir, config))
+  return config, step, directory
+
+
+def _load_params(workdir: str, step: int | None) -> tuple[dict[str, Any], Any, int]:
+  import jax
+  import orbax.checkpoint as ocp
+
+  config, step, directory = _open_config(workdir, step)
   # Every array lands on this process's first device: the checkpoint may come
   # from a mesh of devices this process does not have (8 TPU chips, a laptop).
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])

@@ -67,6 +67,7 @@ STAGING_PREFIX = ".import-staging-"
 # The export's names, which callers (and tests) reach through this module.
 export_hf = export_lib.export_hf
 load_params = export_lib.load_params
+load_config = export_lib.load_config
 kept_tensors = export_lib.kept_tensors
 tokenizer_files = export_lib.tokenizer_files
 
@@ -111,15 +112,38 @@ def load_hf(hf_dir: str, tokenizer_dir: str | None = None, seed: int = 0):
   return _load_hf(hf_dir, tokenizer_dir, seed)[:5]
 
 
-def _read_fields(hf_dir: str):
+def read_hf_architecture(hf_dir: str):
+  """(model fields with hf_special_ids, the HfTokenizer) of an HF model
+  directory, as ``load_hf`` returns them, from its config.json and tokenizer
+  files alone: no weights are read."""
+  mapping, fields, _ = _read_fields(hf_dir, tensors=False)
+  fields = dict(fields)
+  tokenizer = _read_tokenizer(hf_dir, mapping, fields["vocab_size"])
+  fields["hf_special_ids"] = tuple(tokenizer.special_ids)
+  return fields, tokenizer
+
+
+def _read_tokenizer(hf_dir: str, mapping, vocab_size: int):
+  """The HF directory's tokenizer, read in place."""
+  return hf_tokenizers.HfTokenizer(
+      hf_dir, special=hf_tokenizers.special_tokens(hf_dir, mapping.SPECIAL_TOKENS),
+      vocab_size=vocab_size)
+
+
+def _read_fields(hf_dir: str, tensors: bool = True):
   """(mapping module, bertjax model fields, companion tensors) of an HF model
-  directory, from its config.json: nothing is written."""
+  directory, from its config.json: nothing is written. ``tensors=False``
+  leaves the companion's tensors unread ({})."""
   hf_config = hf_files.read_config(hf_dir)
   mapping = convert.mapping_for_hf(hf_config.get("model_type", ""))
   # A mapping may read a companion checkpoint beside the model (ELECTRA's
   # generator in <hf_dir>/generator): its config and its tensors, renamed.
-  companion_config, companion = (mapping.read_companion(hf_dir)
-                                 if hasattr(mapping, "read_companion") else (None, {}))
+  if not hasattr(mapping, "read_companion"):
+    companion_config, companion = None, {}
+  elif tensors:
+    companion_config, companion = mapping.read_companion(hf_dir)
+  else:
+    companion_config, companion = mapping.read_companion_config(hf_dir), {}
   fields = (mapping.model_fields(hf_config, companion_config) if companion_config
             else mapping.model_fields(hf_config))
   return mapping, fields, companion
@@ -151,9 +175,7 @@ def _load_hf(hf_dir: str, tokenizer_dir: str | None, seed: int, read=None):
   mapping, fields, companion = read or _read_fields(hf_dir)
   fields = dict(fields)
   if tokenizer_dir is None:
-    tokenizer = hf_tokenizers.HfTokenizer(
-        hf_dir, special=hf_tokenizers.special_tokens(hf_dir, mapping.SPECIAL_TOKENS),
-        vocab_size=fields["vocab_size"])
+    tokenizer = _read_tokenizer(hf_dir, mapping, fields["vocab_size"])
   else:
     tokenizer = hf_tokenizers.import_tokenizer(
         hf_dir, tokenizer_dir, mapping.SPECIAL_TOKENS, fields["vocab_size"])

@@ -58,6 +58,34 @@ def load(init: str) -> tuple[dict[str, Any], Any, Any, int | None]:
   """``load_init``'s three, plus the checkpoint step read (None for HF)."""
   from bertjax import api
   from bertjax.convert import workdir as workdir_lib
+  path, is_workdir = _init_kind(init)
+  if is_workdir:
+    with checkpointing.quiet_read_only():
+      fields, params, step = workdir_lib.load_params(path)
+    return dict(fields), params, api._workdir_tokenizer(fields, path), step  # noqa: SLF001
+  fields, params, _, _, tokenizer = workdir_lib.load_hf(path)
+  return dict(fields), params, tokenizer, None
+
+
+def load_architecture(init: str) -> tuple[dict[str, Any], Any]:
+  """(encoder config fields, tokenizer) of ``init`` as ``load_init`` reads
+  them, without its weights: for a fine-tuned workdir, whose own checkpoint
+  holds the encoder's weights."""
+  from bertjax import api
+  from bertjax.convert import workdir as workdir_lib
+  path, is_workdir = _init_kind(init)
+  if is_workdir:
+    with checkpointing.quiet_read_only():
+      fields, _ = workdir_lib.load_config(path)
+    return dict(fields), api._workdir_tokenizer(fields, path)  # noqa: SLF001
+  fields, tokenizer = workdir_lib.read_hf_architecture(path)
+  return dict(fields), tokenizer
+
+
+def _init_kind(init: str) -> tuple[str, bool]:
+  """(absolute path, whether a bertjax workdir) of ``--init``, or the
+  sentence saying what it should be instead."""
+  from bertjax import api
   if not init:
     raise ValueError("No --init; pass a bertjax workdir or a Hugging Face model "
                      "directory to fine-tune (a workdir fine-tuned before remembers "
@@ -67,12 +95,9 @@ def load(init: str) -> tuple[dict[str, Any], Any, Any, int | None]:
     raise ValueError(f"--init={init} is a file, not a directory; pass a bertjax workdir "
                      "or a Hugging Face model directory.")
   if paths.isdir(paths.join(path, "checkpoints")):
-    with checkpointing.quiet_read_only():
-      fields, params, step = workdir_lib.load_params(path)
-    return dict(fields), params, api._workdir_tokenizer(fields, path), step  # noqa: SLF001
+    return path, True
   if api._is_hf_dir(path):  # noqa: SLF001
-    fields, params, _, _, tokenizer = workdir_lib.load_hf(path)
-    return dict(fields), params, tokenizer, None
+    return path, False
   raise ValueError(f"--init {init} is neither a bertjax workdir (no checkpoints/) "
                    "nor a Hugging Face model directory (config.json + weights).")
 

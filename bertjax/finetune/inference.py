@@ -12,7 +12,8 @@ answer ("" for no answer where the task has unanswerable questions).
 The parameters are those of ``best_checkpoint/`` (``step`` picks a checkpoint
 of ``checkpoints/`` instead). The encoder's architecture and tokenizer come
 from the run's ``--init`` (recorded in ``init.json``), which must still be
-readable; everything runs in float32 with dropout off.
+readable (its config and tokenizer; its weights are not read); everything runs
+in float32 with dropout off.
 """
 
 from __future__ import annotations
@@ -196,7 +197,8 @@ def read(workdir: str, step: int | None = None) -> Saved:
     raise ValueError(f"{workdir} was fine-tuned from --init={init}, which is gone; its "
                      "architecture and tokenizer are read from there, so put it back "
                      "at that path.")
-  fields, _, tokenizer = encoder_init.load_init(init)
+  # The architecture and tokenizer only: the weights are the checkpoint's.
+  fields, tokenizer = encoder_init.load_architecture(init)
   kind = cfg.task_kind
   model = heads.for_task(core.build_model(fields), kind, int(cfg.num_labels), cfg)
   device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
