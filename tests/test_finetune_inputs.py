@@ -119,28 +119,32 @@ def test_the_head_draws_the_same_numbers_with_or_without_the_encoders_draws(
              zip(jax.tree.leaves(loaded["encoder"]), jax.tree.leaves(drawn["encoder"])))
 
 
-def test_a_fine_tuned_workdir_reads_its_init_for_the_architecture_not_the_weights(
-    inits, tmp_path):
-  # bertjax.load and the export of a fine-tuned workdir take the encoder's
+def test_a_fine_tuned_workdir_loads_with_its_inits_weights_gone(inits, tmp_path):
+  # bertjax.load (and the export) of a fine-tuned workdir take the encoder's
   # weights from that workdir's checkpoint: of the init they read the config
-  # and the tokenizer only. A copy of the init whose weights are gone still
-  # gives both, as the full read of the intact init does.
+  # and the tokenizer only (encoder_init.load_architecture). With the init's
+  # weights deleted after fine-tuning, the model predicts as before.
   import shutil
-  path = inits(2)
-  fields, _, tokenizer = encoder_init.load_init(path)
-  copy = tmp_path / "init"
-  shutil.copytree(path, copy)
-  states = list(copy.glob("checkpoints/*/state"))
+  import bertjax
+  init = tmp_path / "init"
+  shutil.copytree(inits(2), init)
+  fields, _, tokenizer = encoder_init.load_init(str(init))
+  workdir = str(tmp_path / "ft")
+  loop.run(_finetune_config("coherence", **_TINY), str(init), workdir)
+  pairs = [("one two", "three four"), ("the cat sat", "on the mat")]
+  before = bertjax.load(workdir).predict(pairs)
+  states = list(init.glob("checkpoints/*/state"))
   assert states
   for state in states:
     shutil.rmtree(state)
-  with pytest.raises(Exception):
-    encoder_init.load_init(str(copy))
-  got_fields, got_tokenizer = encoder_init.load_architecture(str(copy))
+  with pytest.raises(Exception):  # the init's weights are unreadable now
+    encoder_init.load_init(str(init))
+  got_fields, got_tokenizer = encoder_init.load_architecture(str(init))
   assert got_fields == fields
   text = "the quick brown fox, twice: the quick brown fox"
   for a, b in zip(got_tokenizer.encode(text), tokenizer.encode(text)):
     np.testing.assert_array_equal(a, b)
+  assert bertjax.load(workdir).predict(pairs) == before
 
 
 def test_the_init_record_tells_weights_apart():

@@ -10,6 +10,7 @@ first while ~/hold exists; its pip exits with the status in ~/pip-exit."""
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -32,6 +33,14 @@ def _flag(argv, name):
   values = [a.split("=", 1)[1] for a in argv if a.startswith(name + "=")]
   assert len(values) == 1, (name, argv)
   return values[0]
+
+
+# sshd starts a session's shell with SIGHUP at its default (the hang-up ends
+# it), whatever this process inherited: run under nohup, the sessions below
+# would otherwise ignore the hang-up they stand in for (bash cannot undo an
+# ignored signal it inherits).
+_AS_SSHD = [sys.executable, "-c", "import os, signal, sys; "
+            "signal.signal(signal.SIGHUP, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])"]
 
 
 def _until(condition, what, seconds=20):
@@ -82,7 +91,8 @@ class Worker:
 
   def start(self, command):
     """The command in its own session, as sshd runs it (``drop`` hangs it up)."""
-    return subprocess.Popen(["bash", "-c", command], env=self.env, start_new_session=True,
+    return subprocess.Popen(_AS_SSHD + ["bash", "-c", command], env=self.env,
+                            start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
   @staticmethod
@@ -362,7 +372,8 @@ def test_training_outlives_a_dropped_session_and_a_rerun_follows_it(tmp_path):
   script = gcloud.remote_script(str(origin), rev, gcloud.train_argv("c.py", "gs://b", []))
   env = {"HOME": str(home), "PATH": f"{bin_dir}:{os.environ['PATH']}",
          "TPU_WORKER_ID": "0"}
-  session = subprocess.Popen(["bash", "-c", script], env=env, stdout=subprocess.DEVNULL,
+  session = subprocess.Popen(_AS_SSHD + ["bash", "-c", script], env=env,
+                             stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
   log = home / "bertjax-train.log"
   for _ in range(100):
